@@ -30,6 +30,12 @@ Usage (H200)::
 
     python benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
         --out=benchmarks/results/profile-train-step-gdn-pure-h200-<date>
+
+``--swiglu_packed=on`` / ``=off`` overrides ``model.swiglu_packed`` (the SwiGLU's ``fc1`` as one
+product and ``lattn_jax.layers.swiglu_packed``: ``MOSAIC_GPU.md`` Sec. 46.2's experiment); the
+A/B is two invocations on the same machine, e.g. with the 350M step's ``--batch=128
+--set=train.micro_batch_size=8``, one per value. The report records the value the step ran
+with (``payload["model_options"]``).
 """
 
 import argparse
@@ -348,6 +354,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "LOSS_CHUNK); 0: the plain head (the whole batch's fp32 logits)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override (repeatable), e.g. model.split_projections=true")
+    p.add_argument("--swiglu_packed", type=_on_off, default=None,
+                   help="on or off: model.swiglu_packed (default: the preset's, off), the "
+                        "packed SwiGLU A/B of MOSAIC_GPU.md Sec. 46.2; applied after --set")
     p.add_argument("--out", default=None, help="output prefix for .json and .md")
     args = p.parse_args(argv)
     for name in ("batch", "length", "iters", "trace_steps", "top"):
@@ -360,14 +369,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def _on_off(text: str) -> bool:
+    """``"on"`` -> True, ``"off"`` -> False (argparse type); else ``ArgumentTypeError``."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
+def config_overrides(args: argparse.Namespace) -> List[str]:
+    """The ``"section.key=value"`` overrides of the profiled config, in order (a later one
+    wins): the batch shape, ``--loss_chunk_size``, every ``--set``, then ``--swiglu_packed``
+    (``model.swiglu_packed=true`` / ``false``; none when the flag is not given)."""
+    swiglu = getattr(args, "swiglu_packed", None)
+    return ([f"data.batch_size={args.batch}", f"data.seq_len={args.length}"]
+            + ([f"train.loss_chunk_size={args.loss_chunk_size}"] if args.loss_chunk_size else [])
+            + list(args.set)
+            + ([] if swiglu is None else [f"model.swiglu_packed={str(bool(swiglu)).lower()}"]))
+
+
 def run(args: argparse.Namespace) -> dict:
     """Measures everything above; returns the payload also written to ``<args.out>.json``."""
     # The config's batch is the profiled one, so train.micro_batch_size splits it as in a run.
-    cfg = bench_train.experiment_config(
-        args.preset, args.opt, tiny=args.tiny,
-        overrides=[f"data.batch_size={args.batch}", f"data.seq_len={args.length}"]
-        + ([f"train.loss_chunk_size={args.loss_chunk_size}"] if args.loss_chunk_size else [])
-        + args.set)
+    cfg = bench_train.experiment_config(args.preset, args.opt, tiny=args.tiny,
+                                        overrides=config_overrides(args))
     trainer = train_lib.Trainer(cfg)
     batch = bench_train.make_batch(args.batch, args.length, cfg.model.vocab_size, args.seed)
     tokens = args.batch * args.length
@@ -378,7 +402,11 @@ def run(args: argparse.Namespace) -> dict:
                                                  + list(args.argv)),
                    settings={k: v for k, v in vars(args).items() if k != "argv"},
                    tokens_per_step=tokens,
-                   model_tflop_per_step=flops_step / 1e12)
+                   model_tflop_per_step=flops_step / 1e12,
+                   # The model options the step ran with that the A/Bs switch (config values,
+                   # after --set and --swiglu_packed).
+                   model_options=dict(split_projections=bool(cfg.model.split_projections),
+                                      swiglu_packed=bool(cfg.model.swiglu_packed)))
     times = {}
     with sharding.activate(trainer.mesh, trainer.rules):
         state = trainer.init_state(args.seed)
@@ -445,6 +473,10 @@ def markdown(payload: dict) -> str:
              f"Batch {s['batch']} x {s['length']} tokens; model FLOPs per step "
              f"{payload['model_tflop_per_step']:.2f} TFLOP (lattn_jax.flops).", "",
              "| part | ms per step | MFU |", "|---|---:|---:|"]
+    options = payload.get("model_options")
+    if options:  # before the table
+        lines[-2:-2] = ["Model options: " + ", ".join(
+            f"model.{k}={'on' if v else 'off'}" for k, v in options.items()) + ".", ""]
     for k in ("step", "fwd_bwd", "optimizer"):
         m = mfu.get(k)
         lines.append(f"| {k} | {ms[k]:.2f} | {'' if m is None else f'{100 * m:.1f}%'} |")

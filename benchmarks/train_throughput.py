@@ -19,6 +19,11 @@ sweep's own runs may have trained on different GPU kinds, whose tokens/s do not 
     python benchmarks/train_throughput.py --out=/tmp/tp --size=small --batch_size=16 \\
         --corpus=/tmp/corpus/prose-llama2 --presets=all --steps=120
 
+``--swiglu_packed=on`` / ``=off`` sets ``model.swiglu_packed`` in every run (the packed SwiGLU
+of ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 46.2; default: the config's, off), recorded in
+the JSON (``swiglu_packed``, also per run) and the report; an A/B is two invocations into two
+``--out`` directories.
+
 Each run writes to ``<out>/<preset>/``; the table is rewritten after every preset
 (``<out>/train_throughput.{md,json}``), so a run cut short keeps what it measured, and a later
 invocation into the same ``--out`` adds its presets to the table (e.g. a preset run with fewer
@@ -63,6 +68,13 @@ _DEFAULTS = {"steps": (200, 8), "batch_size": (8, 2), "seq_len": (4096, 128),
              "log_every": (10, 2), "skip_windows": (2, 1)}
 
 
+def _on_off(text: str) -> bool:
+    """``"on"`` -> True, ``"off"`` -> False (argparse type); else ``ArgumentTypeError``."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
@@ -90,6 +102,9 @@ def _parse_args(argv):
                         "this many tokens (train.loss_chunk_size), as the Table 2 and Table 7 "
                         f"sweeps run them (default {LOSS_CHUNK_SIZE}); 0: the plain head "
                         "(fp32 logits of the whole batch)")
+    parser.add_argument("--swiglu_packed", type=_on_off, default=None,
+                        help="on or off: model.swiglu_packed in every run (default: the "
+                        "config's, off), the packed SwiGLU A/B of MOSAIC_GPU.md Sec. 46.2")
     parser.add_argument("--tiny", action="store_true",
                         help="CPU smoke run of the tiny presets (and small batch, sequence "
                         "and step defaults)")
@@ -191,6 +206,16 @@ def _corpus_text(result: dict) -> str:
     return f"the corpus `{corpus}`" if corpus else "the bundled WikiText-2 corpus"
 
 
+def _options_lines(result: dict) -> list:
+    """The report's line on the model options the runs were given (none when every run kept
+    the config's: ``swiglu_packed`` None or absent, as in records made before the option)."""
+    packed = result.get("swiglu_packed")
+    if packed is None:
+        return []
+    return [f"- model.swiglu_packed={'on' if packed else 'off'} (--swiglu_packed: the packed "
+            f"SwiGLU, MOSAIC_GPU.md Sec. 46.2)."]
+
+
 def render(result: dict) -> str:
     """The markdown report of :func:`main`'s JSON result."""
     lines = [f"# Training throughput, paper-1 presets ({result['date'][:10]})", "",
@@ -204,7 +229,7 @@ def render(result: dict) -> str:
              f"averaged after dropping the first {result['skip_windows']} (compilation, "
              f"warm-up). MFU = model FLOPs (lattn_jax.flops, mixers' real work, causal attention "
              f"halved) / (989 TFLOP/s bf16 dense peak x devices).",
-             f"- Command: `{result['command']}`", "",
+             f"- Command: `{result['command']}`", *_options_lines(result), "",
              "| preset | params | steps | tokens/s | step time (s) | MFU | speed vs GDN pure | "
              "paper (Muon) | loss first -> last | wall (s) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -240,6 +265,7 @@ def main(argv=None):
               "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "micro_batch_size": args.micro_batch_size, "size": args.size,
               "loss_chunk_size": args.loss_chunk_size,
+              "swiglu_packed": args.swiglu_packed,  # None: the config's (off)
               "corpus": args.corpus,
               "log_every": args.log_every, "skip_windows": args.skip_windows,
               "command": "python " + " ".join(shlex.quote(a) for a in
@@ -267,6 +293,8 @@ def main(argv=None):
             cmd.append(f"--config.train.micro_batch_size={args.micro_batch_size}")
         if args.loss_chunk_size:
             cmd.append(f"--config.train.loss_chunk_size={args.loss_chunk_size}")
+        if args.swiglu_packed is not None:
+            cmd.append(f"--config.model.swiglu_packed={args.swiglu_packed}")
         log_path = os.path.join(workdir + ".log")
         rc, params, wall = run_trainer(cmd, log_path, label=name)
         if rc:
@@ -277,7 +305,8 @@ def main(argv=None):
                 run = summarise(os.path.join(workdir, "metrics.jsonl"), args.skip_windows)
             except (OSError, ValueError) as e:
                 run = {"error": str(e)}
-            run.update(wall_s=wall, params=params, steps=args.steps)
+            run.update(wall_s=wall, params=params, steps=args.steps,
+                       swiglu_packed=args.swiglu_packed)
             result["runs"][name] = run
         with open(os.path.join(args.out, "train_throughput.json"), "w") as f:
             json.dump(result, f, indent=1)

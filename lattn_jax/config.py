@@ -677,6 +677,15 @@ class ModelConfig:
         165 ms GDN-pure step on the H200; end to end 164.2 -> 161.7 ms, 2026-11-30,
         ``benchmarks/results/profile-train-step-gdn-pure-h200-2026-11-30b.md``). On in the
         paper-1 presets (``configs/common.py``); the dataclass default stays off.
+      swiglu_packed: form the MLP's ``fc1`` as one ``[.., 2F]`` product (whatever
+        ``split_projections``) and apply ``lattn_jax.layers.swiglu_packed``, whose written-out
+        backward returns ``fc1``'s cotangent as one ``[.., 2F]`` array from one pass, instead of
+        ``swiglu`` on the gate and up blocks: same parameters, same forward values, gradients
+        equal up to rounding (a resume may switch it). The experiment of
+        ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 46.2 (the split form's SwiGLU backward ran
+        as two fusions each reading gate, up and dy on the 350M step); off until an A/B of the
+        step on the H100/H200 (``benchmarks/profile_train_step.py --swiglu_packed=on`` against
+        ``=off``) decides.
       attention: settings of ``"attn"`` and ``"attn_nope"`` layers.
       gdn: settings of ``"gdn"`` layers.
       deltanet: settings of ``"deltanet"`` layers.
@@ -708,6 +717,7 @@ class ModelConfig:
     remat: bool = False
     remat_policy: str = "nothing_saveable"
     split_projections: bool = False
+    swiglu_packed: bool = False
     attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
     gdn: GatedDeltaNetConfig = dataclasses.field(default_factory=GatedDeltaNetConfig)
     deltanet: DeltaNetConfig = dataclasses.field(default_factory=DeltaNetConfig)

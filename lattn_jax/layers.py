@@ -189,6 +189,59 @@ def _swiglu_bwd(res, dy):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
+def swiglu_packed(h: Array) -> Array:
+    """SwiGLU's gated product on the packed ``[gate; up]``: ``SiLU(h[..., :F]) * h[..., F:]``
+    (Shazeer 2020).
+
+    The same function as :func:`swiglu` on the two halves of ``fc1``'s one ``[..., 2F]``
+    product: the forward is ``jax.nn.silu(gate) * up`` in ``h``'s dtype, the same bits as
+    ``swiglu(h[..., :F], h[..., F:])``. The backward is :func:`swiglu`'s, written out in fp32
+    from one read of ``h`` and the cotangent,
+
+        d up   = dy * gate * s,    d gate = dy * up * s * (1 + gate * (1 - s)),   s = sigmoid(gate)
+
+    each rounded once to ``h``'s dtype, and returned as one cotangent
+    ``dh = concatenate([d gate, d up], -1)`` of ``h``'s shape, so that ``fc1``'s backward is one
+    ``[.., 2F] x [2F, D]`` product and one weight product, and XLA may write both halves from
+    one concatenate-rooted fusion (the split form ran ``d gate`` and ``d up`` as two fusions,
+    each reading ``gate``, ``up`` and ``dy``: ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 46.2;
+    whether the GPU fuses it so is the A/B of ``ModelConfig.swiglu_packed``).
+
+    Args:
+      h: ``[..., 2F]``, float (bf16 in mixed precision): ``gate = h[..., :F]``,
+        ``up = h[..., F:]``.
+
+    Returns:
+      ``[..., F]`` in ``h.dtype``.
+
+    Raises:
+      ValueError: naming the shape if ``h`` has no axes or an odd last axis.
+    """
+    if jnp.ndim(h) < 1 or h.shape[-1] % 2:
+        raise ValueError(f"swiglu_packed needs a last axis of even width 2F ([gate; up]), got "
+                         f"shape {tuple(jnp.shape(h))}")
+    return _swiglu_packed(h)
+
+
+@jax.custom_vjp
+def _swiglu_packed(h: Array) -> Array:
+    f = h.shape[-1] // 2
+    return jax.nn.silu(h[..., :f]) * h[..., f:]
+
+
+def _swiglu_packed_fwd(h):
+    return _swiglu_packed(h), h
+
+
+def _swiglu_packed_bwd(h, dy):
+    f = h.shape[-1] // 2
+    d_gate, d_up = _swiglu_bwd((h[..., :f], h[..., f:]), dy)
+    return (jnp.concatenate([d_gate, d_up], axis=-1),)
+
+
+_swiglu_packed.defvjp(_swiglu_packed_fwd, _swiglu_packed_bwd)
+
+
 class SwiGLU(nnx.Module):
     """SwiGLU MLP (Shazeer 2020): ``y = fc2(SiLU(gate) * up)`` with ``[gate; up] = fc1(x)``.
 
@@ -201,12 +254,18 @@ class SwiGLU(nnx.Module):
       std: init std of ``fc1``.
       out_std: init std of ``fc2``.
       rngs, dtype, param_dtype, split_products: as for :class:`Dense` (``fc1``'s gate and up
-        blocks by :meth:`Dense.split`).
+        blocks by :meth:`Dense.split`; not used for ``fc1`` when ``packed``).
+      packed: form ``fc1`` as one ``[.., 2F]`` product and apply :func:`swiglu_packed` to it
+        (``ModelConfig.swiglu_packed``) instead of :func:`swiglu` on its two blocks: the same
+        parameters (names, shapes, init) and the same forward values; the backward returns
+        one ``[.., 2F]`` cotangent for ``fc1``.
     """
 
     def __init__(self, d_model: int, hidden: int, *, std: float, out_std: float, rngs: nnx.Rngs,
-                 dtype=jnp.float32, param_dtype=jnp.float32, split_products: bool = False):
+                 dtype=jnp.float32, param_dtype=jnp.float32, split_products: bool = False,
+                 packed: bool = False):
         self.hidden = hidden
+        self.packed = bool(packed)
         self.fc1 = Dense(d_model, 2 * hidden, std=std, rngs=rngs, dtype=dtype,
                          param_dtype=param_dtype, split_products=split_products)
         self.fc2 = Dense(hidden, d_model, std=out_std, rngs=rngs, dtype=dtype,
@@ -214,6 +273,8 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x: Array) -> Array:
         """``x``: ``[B, T, D]`` -> ``[B, T, D]``."""
+        if self.packed:
+            return self.fc2(swiglu_packed(self.fc1(x)))
         gate, up = self.fc1.split(x, 2)
         return self.fc2(swiglu(gate, up))
 

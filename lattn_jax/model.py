@@ -74,7 +74,7 @@ class Block(nnx.Module):
             d, model_config.mlp_hidden, std=model_config.init_std,
             out_std=model_config.init_std / math.sqrt(2 * model_config.num_layers),
             rngs=rngs, dtype=dt, param_dtype=pdt,
-            split_products=model_config.split_projections)
+            split_products=model_config.split_projections, packed=model_config.swiglu_packed)
         cfg = model_config.routing
         self.routes = mixer_name in config_lib.ROUTABLE_MIXERS and cfg.mode != "none"
         self.value_routing = self.routes and cfg.mode == "cler"

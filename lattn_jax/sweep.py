@@ -2446,10 +2446,12 @@ def starts_over(workdir: str, retry_failed: bool = False) -> bool:
 # Fields of a run's recorded experiment config that may differ from what its training config
 # resolves to now without its records standing for another experiment (:func:`config_changes`):
 # this machine's settings that an ``--override`` may change between calls
-# (:data:`RESUME_FREE_FIELDS`), and two the trainer lets change on resume: the same parameters
-# computed with the same values (lattn_jax.train._RESUMABLE_MODEL_OPTIONS' split_projections)
-# and a limit on unreadable records a run passed (_RESUMABLE_DATA_OPTIONS' max_bad_fraction).
-CONFIG_FREE_FIELDS = RESUME_FREE_FIELDS + ("model.split_projections", "data.max_bad_fraction")
+# (:data:`RESUME_FREE_FIELDS`), and three the trainer lets change on resume: the same
+# parameters computed with the same values (lattn_jax.train._RESUMABLE_MODEL_OPTIONS'
+# split_projections and swiglu_packed) and a limit on unreadable records a run passed
+# (_RESUMABLE_DATA_OPTIONS' max_bad_fraction).
+CONFIG_FREE_FIELDS = RESUME_FREE_FIELDS + ("model.split_projections", "model.swiglu_packed",
+                                           "data.max_bad_fraction")
 _MAX_SHOWN_FIELDS = 3  # fields named per run in config_changes' lines
 
 

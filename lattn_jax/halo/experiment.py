@@ -85,7 +85,7 @@ STAGE_SECTIONS = {
 RESUME_FREE_KEYS = frozenset({
     "path", "paths", "val_paths", "tokenizer_path", "data_dir", "teacher_report",
     "log_every", "checkpoint_every", "keep_checkpoints", "max_steps_per_run",
-    "lightning_implementation", "implementation", "split_projections",
+    "lightning_implementation", "implementation", "split_projections", "swiglu_packed",
     # The selection's bootstrap reads the layers' records and changes none of them (a done
     # select keeps its bootstrap; rerun the stage, which reuses sweep.jsonl, to redo it).
     "bootstrap_resamples", "bootstrap_seed"})
@@ -323,7 +323,7 @@ def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.Mo
                                   lightning_qk_norm=bool(h.get("lightning_qk_norm", True)),
                                   attention_rope=bool(h.get("attention_rope", False)),
                                   dtype=h.dtype, split_projections=h.get("split_projections"),
-                                  **kw)
+                                  swiglu_packed=h.get("swiglu_packed"), **kw)
 
 
 def _stage1_params(config, workdir, teacher_cfg, teacher_params):
@@ -1357,6 +1357,9 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         # the backward then never concatenates their cotangents into one activation-sized
         # buffer (the Stage-2 step had 30 [24, 2048, 3072] and 7 [24, 2048, 1536] bf16
         # concatenates, about 0.14 ms each on the H200: profile-halo-stage2-2026-12-03b.md).
+        # swiglu_packed (ModelConfig.swiglu_packed): the SwiGLU's fc1 as one product and
+        # layers.swiglu_packed (one [.., 2F] cotangent); the same parameters and values, off
+        # until the A/B of MOSAIC_GPU.md Sec. 46.2 decides (resume-free, as split_projections).
         # lightning_alibi_max_bias: the b of the Lightning decays exp(-2^(-b (h + 1) / H));
         # HypeNet's 8 (longest half-life 177 tokens); another value is an ablation.
         # attention_rope: keep RoPE in the student's attention layers instead of HypeNet's NoPE
@@ -1366,7 +1369,7 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         # an ablation for such teachers (from Stage 1 on, which trains the Lightning layers).
         hypenet=dict(attention_layers=config_dict.placeholder(tuple), tie_embeddings=None,
                      lightning_implementation="auto", dtype="float32", split_projections=True,
-                     lightning_alibi_max_bias=8.0, attention_rope=False,
+                     swiglu_packed=False, lightning_alibi_max_bias=8.0, attention_rope=False,
                      lightning_qk_norm=True),
         stage1=stage("stage1"),
         # The layer sweep's probes (see _select). data_dir None: report.data_dir. CSR:

@@ -40,7 +40,8 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
                    lightning_qk_norm: bool = True,
                    dtype: Optional[str] = None,
                    param_dtype: Optional[str] = None,
-                   split_projections: Optional[bool] = None) -> config_lib.ModelConfig:
+                   split_projections: Optional[bool] = None,
+                   swiglu_packed: Optional[bool] = None) -> config_lib.ModelConfig:
     """The HypeNet student configuration for a (Llama/Qwen3-like, all-``"attn"``) teacher.
 
     Args:
@@ -64,6 +65,9 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
       split_projections: ``ModelConfig.split_projections`` (the fused projections' column
         blocks as separate products: same values, no cotangent concatenate in the backward);
         ``None`` keeps the teacher's.
+      swiglu_packed: ``ModelConfig.swiglu_packed`` (the MLP's ``fc1`` as one product and
+        ``lattn_jax.layers.swiglu_packed``: same parameters and values, one ``[.., 2F]``
+        cotangent; the MOSAIC_GPU.md Sec. 46.2 experiment); ``None`` keeps the teacher's.
 
     Returns:
       A validated :class:`~lattn_jax.config.ModelConfig`: Lightning heads = teacher query heads
@@ -90,6 +94,7 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
         param_dtype=param_dtype or teacher.param_dtype,
         split_projections=(teacher.split_projections if split_projections is None
                            else bool(split_projections)),
+        swiglu_packed=(teacher.swiglu_packed if swiglu_packed is None else bool(swiglu_packed)),
         attention=dataclasses.replace(att, output_gate=attention_gate,
                                       logit_scaling_base=logit_scaling_base),
         lightning=config_lib.LightningConfig(

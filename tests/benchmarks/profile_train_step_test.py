@@ -225,14 +225,38 @@ class ProfileTrainStepTest(absltest.TestCase):
             with self.assertRaises(SystemExit):
                 pts.parse_args([flag])
 
+    def test_swiglu_packed_flag_overrides_the_config_last(self):
+        # --swiglu_packed=on|off: model.swiglu_packed for the A/B of MOSAIC_GPU.md Sec. 46.2,
+        # applied after --set (the flag wins); absent, the preset's (off) stands.
+        self.assertIsNone(pts.parse_args([]).swiglu_packed)
+        for bad in ("--swiglu_packed=yes", "--swiglu_packed=1", "--swiglu_packed"):
+            with self.assertRaises(SystemExit):
+                pts.parse_args([bad])
+        for flag, want in (([], False), (["--swiglu_packed=on"], True),
+                           (["--swiglu_packed=off", "--set=model.swiglu_packed=true"], False),
+                           (["--set=model.swiglu_packed=true"], True)):
+            args = pts.parse_args(["--tiny", "--batch=2", "--length=64",
+                                   "--set=model.split_projections=false"] + flag)
+            overrides = pts.config_overrides(args)
+            self.assertEqual(overrides[:2], ["data.batch_size=2", "data.seq_len=64"])
+            cfg = pts.bench_train.experiment_config(args.preset, args.opt, tiny=True,
+                                                    overrides=overrides)
+            self.assertIs(cfg.model.swiglu_packed, want, flag)
+            self.assertIs(cfg.model.split_projections, False)
+
     @pytest.mark.slow  # ~55 s on 2 cores
     def test_tiny_cpu_run(self):
         payload = pts.main(["--tiny", "--batch=2", "--length=64", "--iters=1", "--warmup=1",
-                            "--trace_steps=1"])
+                            "--trace_steps=1", "--swiglu_packed=on"])
         for part in ("step", "fwd_bwd", "optimizer"):
             self.assertGreater(payload["ms"][part], 0.0)
         self.assertEqual(payload["device_ms_per_step_by_class"], {})  # CPU: no device plane
-        self.assertIn("| optimizer |", pts.markdown(payload))
+        self.assertEqual(payload["model_options"],
+                         dict(split_projections=True, swiglu_packed=True))
+        self.assertIs(payload["settings"]["swiglu_packed"], True)
+        md = pts.markdown(payload)
+        self.assertIn("| optimizer |", md)
+        self.assertIn("Model options: model.split_projections=on, model.swiglu_packed=on.", md)
 
 
 if __name__ == "__main__":

@@ -152,3 +152,39 @@ def test_loss_head_defaults_to_the_sweeps_fused_chunks_and_zero_is_the_plain_hea
         assert ("the plain LM head" in md) == (not want), extra
     with pytest.raises(SystemExit):
         tt.main([f"--out={tmp_path}", "--loss_chunk_size=-1"])
+
+
+def test_swiglu_packed_flag_is_passed_to_every_run_and_recorded(tmp_path, monkeypatch):
+    # --swiglu_packed=on|off: model.swiglu_packed in every trainer run (MOSAIC_GPU.md Sec.
+    # 46.2's A/B), recorded in the JSON (top level and per run) and the report; absent, the
+    # config's stands and nothing is passed.
+    commands = []
+
+    def fake_trainer(cmd, log_path, *, label, env=None):
+        commands.append(cmd)
+        os.makedirs(log_path[:-len(".log")], exist_ok=True)
+        _write_metrics(os.path.join(log_path[:-len(".log")], "metrics.jsonl"),
+                       [dict(step=s, tokens_per_sec=1000.0 + s, step_time=0.5, mfu=0.3,
+                             train_loss=5.0 - s / 10) for s in (2, 4, 6)])
+        return 0, 1234, 0.5
+
+    monkeypatch.setattr(tt, "run_trainer", fake_trainer)
+    presets = random.Random(7).sample(list(tt.PRESETS), 2)
+    for flag, want in (([], None), (["--swiglu_packed=on"], True),
+                       (["--swiglu_packed=off"], False)):
+        commands.clear()
+        out = tmp_path / str(want)
+        result = tt.main([f"--out={out}", f"--presets={','.join(presets)}", "--tiny"] + flag)
+        assert len(commands) == 2
+        for cmd in commands:
+            flags = [c for c in cmd if c.startswith("--config.model.swiglu_packed")]
+            assert flags == ([] if want is None else [f"--config.model.swiglu_packed={want}"])
+        saved = json.loads((out / "train_throughput.json").read_text())
+        for record in (result, saved):
+            assert record["swiglu_packed"] is want
+            assert [record["runs"][p]["swiglu_packed"] for p in presets] == [want, want]
+        md = (out / "train_throughput.md").read_text()
+        line = f"- model.swiglu_packed={'on' if want else 'off'} (--swiglu_packed"
+        assert (line in md) == (want is not None), flag
+    with pytest.raises(SystemExit):
+        tt.main([f"--out={tmp_path}", "--swiglu_packed=yes"])

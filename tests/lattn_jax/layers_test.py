@@ -1,8 +1,11 @@
-"""lattn_jax.layers: apply_rope against a float64 NumPy rotate-half reference; swiglu and
-rms_norm with their hand-written backwards against float64 references and fp32 autodiff;
+"""lattn_jax.layers: apply_rope against a float64 NumPy rotate-half reference; swiglu,
+swiglu_packed and rms_norm with their hand-written backwards against float64 references and
+fp32 autodiff; SwiGLU packed against unpacked (same parameters, values and gradients);
 causal_conv1d (ShortConv's math) and its gradient against a float64 reference and fp32
 autodiff of an independent formulation; ShortConv against a float64 NumPy convolution and its
 conv_state check."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +103,88 @@ class SwiGLUTest(parameterized.TestCase):
         want = f(lambda g, u: jax.nn.silu(g) * u)
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+class SwiGLUPackedTest(parameterized.TestCase):
+    """swiglu_packed on h = [gate; up] and SwiGLU(packed=True) (MOSAIC_GPU.md Sec. 46.2)."""
+
+    @parameterized.parameters((jnp.float32, 1e-6), (jnp.bfloat16, 1.6e-2))
+    def test_forward_bits_and_vjp(self, dtype, rtol):
+        rng = np.random.default_rng(10)
+        f = 40
+        h = jnp.asarray(rng.standard_normal((3, 17, 2 * f)) * 3, dtype)
+        dy = jnp.asarray(rng.standard_normal((3, 17, f)), dtype)
+        gate, up = h[..., :f], h[..., f:]
+        y, vjp = jax.vjp(layers.swiglu_packed, h)
+        (dh,) = vjp(dy)
+        self.assertEqual((y.shape, y.dtype, dh.shape, dh.dtype),
+                         ((3, 17, f), dtype, h.shape, dtype))
+        # The forward is swiglu's on the halves, bit for bit, eager and jitted.
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(layers.swiglu(gate, up)))
+        np.testing.assert_array_equal(np.asarray(jax.jit(layers.swiglu_packed)(h)),
+                                      np.asarray(jax.jit(layers.swiglu)(gate, up)))
+        # The cotangent is swiglu's two, concatenated: the same fp32 formulas, rounded once.
+        d_gate, d_up = jax.vjp(layers.swiglu, gate, up)[1](dy)
+        np.testing.assert_array_equal(np.asarray(dh),
+                                      np.asarray(jnp.concatenate([d_gate, d_up], axis=-1)))
+        # Against float64 (the product rule of the plain expression) ...
+        want = swiglu_reference(gate, up, dy)
+        for name, got, ref in (("y", y, want[0]), ("d_gate", dh[..., :f], want[1]),
+                               ("d_up", dh[..., f:], want[2])):
+            np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=rtol,
+                                       atol=rtol * np.abs(ref).max(), err_msg=name)
+        # ... and fp32 autodiff of the plain expression on the packed input.
+        h32, dy32 = h.astype(jnp.float32), dy.astype(jnp.float32)
+        (auto,) = jax.vjp(lambda h: jax.nn.silu(h[..., :f]) * h[..., f:], h32)[1](dy32)
+        np.testing.assert_allclose(np.asarray(dh, np.float32), np.asarray(auto),
+                                   rtol=rtol, atol=rtol * float(jnp.abs(auto).max()))
+
+    def test_odd_or_missing_last_axis_is_refused(self):
+        for shape in ((4, 7), (3,), ()):
+            h = jnp.asarray(np.random.default_rng(11).standard_normal(shape), jnp.float32)
+            with self.assertRaisesRegex(ValueError, re.escape(f"got shape {shape}")):
+                layers.swiglu_packed(h)
+            with self.assertRaisesRegex(ValueError, "even width 2F"):
+                jax.vjp(layers.swiglu_packed, h)
+
+    @parameterized.parameters(
+        (jnp.float32, False, 1e-6), (jnp.float32, True, 1e-6),
+        (jnp.bfloat16, False, 1e-2), (jnp.bfloat16, True, 1e-2))
+    def test_module_same_params_values_and_gradients(self, dtype, split, rtol):
+        # The packed module has the unpacked one's parameters (names, shapes, init), so a
+        # checkpoint of either restores into the other; its output and gradients agree up to
+        # the rounding of the products' sums (split_products: fc1 as two products unpacked).
+        rng = np.random.default_rng(12 + split)
+        x = jnp.asarray(rng.standard_normal((2, 9, 24)), jnp.float32)
+        ct = jnp.asarray(rng.standard_normal((2, 9, 24)), jnp.float32)
+
+        def build(packed):
+            return layers.SwiGLU(24, 40, std=0.3, out_std=0.2, rngs=nnx.Rngs(3), dtype=dtype,
+                                 split_products=split, packed=packed)
+
+        results = []
+        for packed in (False, True):
+            module = build(packed)
+            self.assertEqual(module.packed, packed)
+            graph, params = nnx.split(module, nnx.Param)
+
+            def loss(p):
+                y = nnx.merge(graph, p)(x)
+                return jnp.sum(y.astype(jnp.float32) * ct), y
+
+            (_, y), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+            results.append((nnx.to_pure_dict(params), y, nnx.to_pure_dict(grads)))
+        (p0, y0, g0), (p1, y1, g1) = results
+        jax.tree_util.tree_map(np.testing.assert_array_equal, p0, p1)
+        self.assertEqual(jax.tree_util.tree_structure(p0), jax.tree_util.tree_structure(p1))
+        self.assertEqual(y1.dtype, dtype)
+        np.testing.assert_allclose(np.asarray(y1, np.float32), np.asarray(y0, np.float32),
+                                   rtol=rtol, atol=rtol * float(jnp.abs(y0).max()))
+        for name in ("fc1", "fc2"):
+            a, b = g1[name]["kernel"], g0[name]["kernel"]
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol,
+                                       atol=rtol * float(jnp.abs(b).max()), err_msg=name)
+            self.assertGreater(float(jnp.abs(b).max()), 0.0)
 
 
 def rms_norm_reference(x, scale, eps, dy):

@@ -275,6 +275,41 @@ class ModelTest(parameterized.TestCase):
         for a, b in zip(leaves1, leaves0):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b))))
 
+    def test_swiglu_packed_same_params_values_and_gradients(self):
+        # model.swiglu_packed forms the MLP's fc1 as one product and layers.swiglu_packed
+        # (MOSAIC_GPU.md Sec. 46.2): the same parameters (same init; checkpoints interchange)
+        # and, up to fp32 rounding, the same loss and gradients, with split_projections on or
+        # off (fc1 split into two products only unpacked).
+        tokens = _tokens(5, (2, 16))
+        weights = jnp.asarray(np.random.default_rng(6).uniform(0.5, 1.5, (2, 16)), jnp.float32)
+
+        def loss_and_grads(split, packed):
+            model = model_lib.LanguageModel(
+                tiny_config(PATTERNS["dense"], split_projections=split, swiglu_packed=packed),
+                rngs=nnx.Rngs(0))
+            self.assertEqual([b.mlp.packed for b in model.blocks], [packed] * 3)
+            graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+            def loss(p):
+                logits = nnx.merge(graph, p, rest)(tokens)
+                picked = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1)
+                return -jnp.mean(picked[..., 0] * weights)
+
+            return params, jax.jit(jax.value_and_grad(loss))(params)
+
+        for split in (False, True):
+            p0, (l0, g0) = loss_and_grads(split, False)
+            p1, (l1, g1) = loss_and_grads(split, True)
+            jax.tree_util.tree_map(np.testing.assert_array_equal, p0, p1)
+            np.testing.assert_allclose(l1, l0, rtol=1e-6)
+            leaves0, leaves1 = jax.tree_util.tree_leaves(g0), jax.tree_util.tree_leaves(g1)
+            self.assertLen(leaves1, len(leaves0))
+            for a, b in zip(leaves1, leaves0):
+                np.testing.assert_allclose(a, b, rtol=1e-4,
+                                           atol=1e-6 * float(np.max(np.abs(b))), err_msg=split)
+            fc1 = g1["blocks"][0]["mlp"]["fc1"]["kernel"]
+            self.assertGreater(float(jnp.abs(fc1).min()), 0.0)
+
     def test_tied_embeddings_share_the_matrix(self):
         tied = model_lib.LanguageModel(tiny_config(PATTERNS["dense"], tie_embeddings=True),
                                        rngs=nnx.Rngs(0))

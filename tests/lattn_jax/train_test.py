@@ -374,6 +374,39 @@ class ResumeChecksTest(absltest.TestCase):
         self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
                          ["train.total_steps (1 -> 2)"])
 
+    def test_a_run_resumes_with_the_swiglu_packed_and_split_projections_switched(self):
+        # Both form the same parameters' products otherwise (MOSAIC_GPU.md Sec. 46.2's packed
+        # SwiGLU; the split column blocks): a resume may switch them, silently (same values),
+        # and the checkpoint restores into the other form and trains on.
+        workdir = self.copy_of_one_step_run("p")
+        base = tiny_experiment(self.corpus, total_steps=2)
+        self.assertEqual((base.model.swiglu_packed, base.model.split_projections),
+                         (False, False))
+        with open(os.path.join(workdir, "config.json")) as f:
+            self.assertIs(json.load(f)["model"]["swiglu_packed"], False)
+        for packed, split in ((True, False), (True, True), (False, True)):
+            cfg = dataclasses.replace(base, model=dataclasses.replace(
+                base.model, swiglu_packed=packed, split_projections=split))
+            self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
+                             ["train.total_steps (1 -> 2)"], (packed, split))
+        # A config.json written before the option: nothing to compare either.
+        path = os.path.join(workdir, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        del saved["model"]["swiglu_packed"]
+        with open(path, "w") as f:
+            json.dump(saved, f)
+        cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, swiglu_packed=True))
+        self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
+                         ["train.total_steps (1 -> 2)"])
+        lines = []
+        out = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual((out["resumed_from"], out["step"]), (1, 2))
+        self.assertTrue(np.isfinite(out["train_loss"]))
+        warned = [x for x in lines if x.startswith("warning: resuming")]
+        self.assertLen(warned, 1, lines)
+        self.assertNotIn("swiglu_packed", warned[0])
+
     def test_a_data_file_rebuilt_with_other_contents_is_refused_on_resume(self):
         # The corpus at the same path was rebuilt (same options, other documents): the run
         # resumed on other data from the restored iterator position without a word.

@@ -210,6 +210,11 @@ class ResumeOptionsTest(absltest.TestCase):
         moved.teacher.path = "/other/teacher.gguf"
         moved.stage2.train.checkpoint_every = 7
         moved.hypenet.lightning_implementation = "pallas"
+        # The same products formed otherwise (MOSAIC_GPU.md Sec. 46.2's packed SwiGLU).
+        self.assertIs(cfg.hypenet.swiglu_packed, False)
+        self.assertNotIn("hypenet.swiglu_packed", recorded)
+        moved.hypenet.swiglu_packed = True
+        moved.hypenet.split_projections = not cfg.hypenet.split_projections
         experiment.check_resume(moved, workdir, experiment.STAGES)
         # Stage 2 started at 512-token windows would continue at 2,048: refused, named.
         other = halo_smollm2.get_config("h200,stage2_len=512")

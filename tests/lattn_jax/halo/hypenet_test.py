@@ -130,6 +130,22 @@ class ConversionTest(absltest.TestCase):
         for a, b in zip(leaves1, leaves0):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b))))
 
+    def test_swiglu_packed_is_kept_or_set(self):
+        # hypenet.swiglu_packed (the HALO pipeline's, off) sets ModelConfig.swiglu_packed;
+        # None keeps the teacher's. The converted parameters do not depend on it.
+        cfg = tiny_teacher_config()
+        packed_teacher = dataclasses.replace(cfg, swiglu_packed=True)
+        for teacher, arg, want in ((cfg, None, False), (cfg, True, True),
+                                   (packed_teacher, None, True), (packed_teacher, False, False)):
+            student_cfg = hypenet.hypenet_config(teacher, [1, 3], swiglu_packed=arg)
+            self.assertIs(student_cfg.swiglu_packed, want)
+            self.assertEqual(student_cfg.split_projections, teacher.split_projections)
+        teacher = stages.random_teacher(cfg, seed=4)
+        shapes = [jax.tree_util.tree_map(
+            jnp.shape, hypenet.convert(teacher, cfg, hypenet.hypenet_config(
+                cfg, [1, 3], swiglu_packed=packed), seed=3)) for packed in (False, True)]
+        self.assertEqual(shapes[0], shapes[1])
+
     def test_errors(self):
         cfg = tiny_teacher_config()
         with self.assertRaisesRegex(ValueError, r"\[7\]"):
