@@ -57,21 +57,24 @@
 #   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
+#   kda_dvw 200   Sec. 47.2: KDA S1, S2 fwd and fwd+bwd (the defaults: Mosaic state passes, K2
+#               reading dR heads-first and writing dvw), jla beside, per-kernel breakdown
+#   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
+#               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
 # cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
 # cw_state and cw_diag on 2026-12-07 (autooff_dn there ran out of its bench timeout), stepprof,
-# cw_tests, cw_grad, approx and cw_slab on 2026-12-07c: pages
-# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c}.md); name items
-# to run others.
-# Order (2026-12-07c): approx_math in four alternating processes (approx, Sec. 46's rule); KDA's
-# same-run table against jla with K2 now the default grad pass (cw_state: S1 and S2, each state
-# pass); the 350M throughput with the fused loss head (tp350; does TP_MB=16 fit an H100 now?).
-# DeltaNet's auto decision (autooff_dn) by name after (with it the list would not fit 1,800 s).
+# cw_tests, cw_grad, approx and cw_slab on 2026-12-07c, approx again on 2026-12-07d: pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d}.md); name
+# items to run others.
+# Order (2026-12-07d): the per-channel gpu tests with K2 reading dR heads-first (cw_tests, Sec.
+# 47.2), KDA's same-run table against jla with it (kda_dvw), the packed SwiGLU A/B on the 350M
+# step (swiglu, Sec. 47.3). cw_state, tp350 and autooff_dn by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-approx cw_state tp350}
+ITEMS=${*:-cw_tests kda_dvw swiglu}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -86,6 +89,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
+  kda_dvw) echo 200;; swiglu) echo 520;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -309,6 +313,29 @@ run_approx() {  # Sec. 44/46: approx_math off / on / off / on, GDN's default Mos
     grep -a -h '^gate' $O/approx/$i-$v.log | cut -c1-300
   done
   gdn_show $O/approx/*-*_approx_math.log
+}
+
+run_kda_dvw() {  # Sec. 47.2: KDA with K2 reading dR heads-first and writing dvw, against jla
+  mkdir -p $O/kda_dvw; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 190 python3 benchmarks/bench_kernels.py --ops=kda \
+    --peers=ours,jla --passes=fwdbwd,fwd --shapes=S1,S2 --breakdown_top=16 --iters=30 \
+    --warmup=5 --out=$O/kda_dvw/kda > $O/kda_dvw/kda.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/kda_dvw/kda.log | cut -c1-300
+  cw_show $O/kda_dvw/kda.log
+  cw_ptxas channelwise_grad_chunk $O/kda_dvw/kda.log
+}
+
+run_swiglu() {  # Sec. 46.2/47.3: the 350M GDN-pure step, packed SwiGLU off then on (A/B)
+  mkdir -p $O/swiglu; local s=$SECONDS v
+  for v in off on; do
+    timeout 250 python3 benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
+      --batch=128 --warmup=1 --iters=3 --trace_steps=1 --top=80 \
+      --set=train.micro_batch_size=${TP_MB:-8} --set=model.gdn.implementation=auto \
+      --swiglu_packed=$v --out=$O/swiglu/$v > $O/swiglu/$v.log 2>&1
+    echo "swiglu_packed=$v rc=$? t=$((SECONDS-s))s"
+    grep -a -h -E '^\| ' $O/swiglu/$v.md | head -8 | cut -c1-220
+    grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED' $O/swiglu/$v.log | sort -u | head -2
+  done
 }
 
 run_stepprof() {  # Sec. 43.2: GDN-pure 350M's step split by kernel class, the Mosaic kernels

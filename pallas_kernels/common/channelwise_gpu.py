@@ -148,6 +148,9 @@ Kernels (grid in brackets):
   (``TUNING["grad_pass"]``) since 2026-12-07c: its ``gpu`` tests pass on an H100 after the
   fixes of Sec. 43 (it was wrong there on 2026-12-06f, Sec. 41), and KDA's S1 forward and
   backward took 8.145 ms with it against 8.799 with the Triton kernels, same run (Sec. 46).
+  K2 reads ``dR`` in ``[B, H, T, V]``, the layout XLA's per-chunk product comes out in, and
+  writes it back as ``dvw`` ``[B, T, H, V]`` from SMEM (Sec. 47.2): XLA's transpose of the
+  product, fused with the value-scale chain, took 0.75 ms of KDA's S1 backward.
 
 Numerics: states, decays, the inverse and every accumulation are fp32. The state-pass products
 take input-dtype operands (bf16 inputs: bf16 tensor cores, fp32 accumulate, as FLA); the
@@ -698,12 +701,14 @@ def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_r
     dkr_ref[b, csl, h, :] = dkr
 
 
-def _chunk_dr(cfg, amat, dvn):
+def _chunk_dr(cfg, amat, dvn, heads_first: bool = False):
     """``dR = A^T dVn`` per chunk, ``[B, T, H, V]`` in the input dtype (XLA).
 
     Operands in the input dtype with fp32 accumulation, rounded once: the value the products
     of ``grad_blocks`` and ``backward_chunk`` see (they cast dR to the input dtype) and ``dvw``
-    itself.
+    itself. ``heads_first``: ``[B, H, T, V]`` instead, the product's own output layout (its
+    batch dimensions b, h, n lead), so XLA writes it without a transpose; K2 reads that layout
+    and hands ``dvw`` back in ``[B, T, H, V]`` (MOSAIC_GPU.md Sec. 47.2).
     """
     bsz, tp, heads, dv = dvn.shape
     mdt = cfg["mm_dtype"]
@@ -712,9 +717,10 @@ def _chunk_dr(cfg, amat, dvn):
     # The product's result in the operand dtype (fp32 accumulation, one rounding; the same
     # value as an fp32 result rounded after): XLA then moves the einsum's output transpose
     # in 16 bits (an fp32 result was transposed first, 537 MB at S1; MOSAIC_GPU.md Sec. 43.3).
-    dr = jnp.einsum("bhnli,bnlhv->bnihv", amat.astype(mdt), dvn_c, precision=precision,
+    out = "bhniv" if heads_first else "bnihv"
+    dr = jnp.einsum(f"bhnli,bnlhv->{out}", amat.astype(mdt), dvn_c, precision=precision,
                     preferred_element_type=mdt)
-    return dr.reshape(bsz, tp, heads, dv)
+    return dr.reshape((bsz, heads, tp, dv) if heads_first else (bsz, tp, heads, dv))
 
 
 def _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr):
@@ -1226,17 +1232,20 @@ def _kr_chain(k, ks, dk, dkr):
     return dk, dks
 
 
-def _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dr):
-    """``(dq, dk, dks, dg)`` from the Mosaic GPU kernel K2
+def _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dr_bh):
+    """``(dq, dk, dks, dg, dvw)`` from the Mosaic GPU kernel K2
     (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic`):
     ``grad_blocks``, ``backward_chunk`` and :func:`_kr_chain` in one kernel, the same values,
     dtypes and layouts (``dks`` fp32 before its cast to ks's dtype). K2 forms ``kr = k ks``
-    itself (the same fp32 product, rounded once), so no ``kr`` is passed."""
+    itself (the same fp32 product, rounded once), so no ``kr`` is passed. ``dr_bh``: ``dR``
+    ``[B, H, T, V]`` (:func:`_chunk_dr` with ``heads_first``); K2 returns it as ``dvw`` ``[B,
+    T, H, V]``."""
     from pallas_kernels.common import channelwise_grad_mosaic_gpu
 
     return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
-        q, k, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"],
-        doc=docs[0] if docs else None, slab=cfg["mosaic_grad_slab"], interpret=cfg["interpret"])
+        q, k, ks, gam, hs, dhs, do, vn, dr_bh, scale=cfg["scale"],
+        doc=docs[0] if docs else None, slab=cfg["mosaic_grad_slab"], interpret=cfg["interpret"],
+        dr_heads_first=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1280,8 +1289,11 @@ def _make_core(static):
             dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
         vf, vsf = v.astype(F32), vs.astype(F32)
         if cfg["grad_pass"] == "mosaic_fused":  # K2: grad_blocks + backward_chunk + kr chain
-            dvw = _chunk_dr(cfg, prep["a_ref"], dvn)  # K2 forms kr = k ks itself
-            dq, dk, dks, dg = _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dvw)
+            # dR heads-first (no transpose in XLA); K2 forms kr = k ks itself and hands dR
+            # back as dvw [B, T, H, V].
+            dr_bh = _chunk_dr(cfg, prep["a_ref"], dvn, heads_first=True)
+            dq, dk, dks, dg, dvw = _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn,
+                                                      dr_bh)
         else:
             # kr as the forward kernels formed it (the fp32 product rounded once); the
             # backward kernels read it whole.

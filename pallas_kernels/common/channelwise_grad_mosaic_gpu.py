@@ -320,7 +320,8 @@ def _bind(names, refs, out):
 
 def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, halves: int,
             scale: float, has_docs: bool, slab: int, interpret: bool, names: Tuple[str, ...],
-            fused: bool = False, ks_channels: bool = False, ablations: frozenset = frozenset()):
+            fused: bool = False, ks_channels: bool = False, dr_heads_first: bool = False,
+            ablations: frozenset = frozenset()):
     """Kernel body of :func:`channelwise_grad_intra_mosaic` (K1) and, with ``fused``, of
     :func:`channelwise_grad_chunk_mosaic` (K2; module docstring); refs are GMEM.
 
@@ -329,8 +330,11 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     registers from the SMEM ``k`` and ``ks`` (:func:`_kr_tile`) and has no ``kr`` buffer. K1:
     ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch. K2:
     ``hs_ref, dhs_ref, ks_ref, u_ref, [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref, dks_ref,
-    dg_ref`` then the scratch (``u_ref``: the cumsum's ``U``). ``names`` names the scratch
-    refs (a tree: one tuple per RefUnion).
+    dg_ref[, dvw_ref]`` then the scratch (``u_ref``: the cumsum's ``U``; ``dvw_ref`` with
+    ``dr_heads_first``). ``names`` names the scratch refs (a tree: one tuple per RefUnion).
+    ``dr_heads_first`` (K2 only): ``dr_ref`` is ``[B, H, T, V]`` (the layout of XLA's per-chunk
+    product ``A^T dVn``, no transpose) and the kernel writes it back as ``dvw`` ``[B, T, H,
+    V]`` (a TMA store from the epilogue's SMEM copy, by key half 0).
     ``ablations``: the timing ablations (:data:`K1_ABLATIONS`, :data:`K2_ABLATIONS`; empty for
     the real kernel, whose code is then unchanged by them).
     """
@@ -343,15 +347,17 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     if fused and has_docs:
         conn_ref, last_ref = rest[:2]
         rest = rest[2:]
-    n_out = 4 if fused else 3
+    n_out = (5 if dr_heads_first else 4) if fused else 3
     out_refs, rest = rest[:n_out], rest[n_out:]
     sc = {}
     _bind(names, rest, sc)
     if fused:
-        dq_ref, dk_ref, dks_ref, dg_ref = out_refs
+        dq_ref, dk_ref, dks_ref, dg_ref = out_refs[:4]
+        dvw_ref = out_refs[4] if dr_heads_first else None
         dkr_ref = None
     else:
         dq_ref, dk_ref, dkr_ref = out_refs
+        dvw_ref = None
     lhs_s, vn_s, y_s = sc["lhs"], sc["vn"], sc["y"]
     sc.setdefault("kr", None)  # K2 has no kr buffer
     (q_s, k_s, kr_s, g_s, marks_s, doc_s, free_s, quad_s, coef_s, x_s, x2_s, kpad_s, gpad_s,
@@ -363,11 +369,12 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     n, half = lax.div(cell, halves), lax.rem(cell, halves)
     tok = pl.ds(n * CHUNK, CHUNK)
     keys = pl.ds(half * KEY_HALF, KEY_HALF)
+    dr_rows = dr_ref.at[b, h, tok] if dr_heads_first else dr_ref.at[b, tok, h]
 
     @pl.when(wg == 0)
     def _copies():  # in the order of use
         plgpu.copy_gmem_to_smem(do_ref.at[b, tok, h], lhs_s.at[0], in_bar)
-        plgpu.copy_gmem_to_smem(dr_ref.at[b, tok, h], lhs_s.at[1], in_bar)
+        plgpu.copy_gmem_to_smem(dr_rows, lhs_s.at[1], in_bar)
         plgpu.copy_gmem_to_smem(vn_ref.at[b, tok, h], vn_s, in_bar)
         if has_docs:
             plgpu.copy_gmem_to_smem(doc_ref.at[b, tok], doc_s, in_bar)
@@ -571,9 +578,9 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         last = lax.fori_loop(0, steps, _slab_step, (zero,) * 3)
         partials = [None] * (steps - 1) + [list(last)]
     if fused:
-        _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref,
-                  dks_ref, dg_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale, slab=slab,
-                  has_docs=has_docs, ks_channels=ks_channels, interpret=interpret,
+        _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_rows, dq_ref, dk_ref,
+                  dks_ref, dg_ref, dvw_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale,
+                  slab=slab, has_docs=has_docs, ks_channels=ks_channels, interpret=interpret,
                   ablations=ablations)
     elif slab == WG_KEYS:  # K1
         slab_pass(wg * WG_KEYS)
@@ -582,6 +589,11 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         def _slabs(i):
             plgpu.commit_smem()  # the previous slab's operand buffers may be overwritten
             slab_pass(wg * WG_KEYS + i * slab)
+
+    if dvw_ref is not None and "no_state" not in ablations:
+        @pl.when((wg == 0) & (half == 0))
+        def _dvw_stored():  # the thread that issued dvw's store (_epilogue_slab) waits for it
+            plgpu.wait_smem_to_gmem(0)
 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
@@ -644,9 +656,9 @@ def _split3(x):
     return hi, mid, (r - mid.astype(F32)).astype(BF16)
 
 
-def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref, dks_ref,
-              dg_ref, *, wg, n, h, b, half, scale, slab, has_docs, ks_channels, interpret,
-              ablations=frozenset()):
+def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_rows, dq_ref, dk_ref,
+              dks_ref, dg_ref, dvw_ref, *, wg, n, h, b, half, scale, slab, has_docs, ks_channels,
+              interpret, ablations=frozenset()):
     """K2's epilogue for warpgroup ``wg``'s 32 channels (``backward_chunk`` + the kr chain).
 
     ``partials``: per slab of ``slab`` channels (one at 32, two at 16), ``(dq_M, dkr_M,
@@ -654,7 +666,10 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_ref, dq_r
     inputs ``dO, dR, Vn`` are copied again (their SMEM held the y tiles) and ``S_0``, ``dS_C``
     of the half land where the dM copies were, so a CTA barrier first waits until both
     warpgroups have left phase 2. Then each slab runs :func:`_epilogue_slab`. ``ablations``:
-    as :func:`_kernel`'s (``no_state``, ``no_cumsum``, ``no_store`` act here).
+    as :func:`_kernel`'s (``no_state``, ``no_cumsum``, ``no_store`` act here). ``dr_rows``:
+    this chunk's ``[64, V]`` GMEM view of ``dR`` (either layout); ``dvw_ref``: ``None``, or
+    the ``[B, T, H, V]`` output that key half 0 copies ``dR`` into from SMEM (with
+    ``dr_heads_first``).
     """
     lhs_s, vn_s, s0_s, dsc_s, epi_bar = (sc["lhs_e"], sc["vn_e"], sc["s0"], sc["dsc"],
                                          sc["epi_bar"])
@@ -668,7 +683,7 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_ref, dq_r
         @pl.when(wg == 0)
         def _copies():
             plgpu.copy_gmem_to_smem(do_ref.at[b, tok, h], lhs_s.at[0], epi_bar)
-            plgpu.copy_gmem_to_smem(dr_ref.at[b, tok, h], lhs_s.at[1], epi_bar)
+            plgpu.copy_gmem_to_smem(dr_rows, lhs_s.at[1], epi_bar)
             plgpu.copy_gmem_to_smem(vn_ref.at[b, tok, h], vn_s, epi_bar)
             plgpu.copy_gmem_to_smem(hs_ref.at[b, h, n, keys], s0_s, epi_bar)
             plgpu.copy_gmem_to_smem(dhs_ref.at[b, h, n, keys], dsc_s, epi_bar)
@@ -683,13 +698,13 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_ref, dq_r
     for step, part in reversed(list(enumerate(partials))):
         if step < len(partials) - 1:
             plgpu.commit_smem()  # the previous slab's cumsum pieces may be overwritten
-        _epilogue_slab(sc, part, dq_ref, dk_ref, dks_ref, dg_ref, step=step, wg=wg, tok=tok,
-                       h=h, b=b, half=half, scale=scale, slab=slab, has_docs=has_docs,
+        _epilogue_slab(sc, part, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, step=step, wg=wg,
+                       tok=tok, h=h, b=b, half=half, scale=scale, slab=slab, has_docs=has_docs,
                        ks_channels=ks_channels, interpret=interpret, ablations=ablations)
 
 
-def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, tok, h, b,
-                   half, scale, slab, has_docs, ks_channels, interpret, ablations):
+def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, *, step, wg, tok, h,
+                   b, half, scale, slab, has_docs, ks_channels, interpret, ablations):
     """K2's epilogue on slab ``step`` of warpgroup ``wg``, channels ``[first, first + slab)``
     of the half: the four state products, ``backward_chunk``'s formulas, the chain rule, the
     stores and the ``U`` / ``L`` cumsum (:func:`_epilogue`; the first slab waits for the state
@@ -709,6 +724,11 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
     else:
         if step == per_wg - 1:  # the first slab the epilogue runs
             plgpu.barrier_wait(sc["epi_bar"])
+            if dvw_ref is not None:
+                @pl.when((wg == 0) & (half == 0))
+                def _store_dvw():  # dR (= dvw) in [B, T, H, V], read from SMEM by TMA while
+                    # the products below read it too; waited for at the kernel's end
+                    plgpu.copy_smem_to_gmem(lhs_s.at[1], dvw_ref.at[b, tok, h])
         s0_w = mgl.transposed(s0_s.at[cols], sc["s0t"].at[wg] if interpret else None,
                               interpret)
         dsc_w = mgl.transposed(dsc_s.at[cols], sc["dsct"].at[wg] if interpret else None,
@@ -989,6 +1009,8 @@ def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
         raise ValueError(f"gamma must be a float [B, T, H, K] = {q.shape}, got {gamma.shape} "
                          f"{gamma.dtype}")
     for name, x in (("do", do), ("vn", vn), ("dr", dr)):
+        if x is None:  # K2's heads-first dr: check_chunk_inputs checks it
+            continue
         if x.shape != (batch, seq_len, heads, dv) or x.dtype != dtype:
             raise ValueError(f"{name} must be [B, T, H, V] = {(batch, seq_len, heads, dv)} in "
                              f"q's dtype {dtype}, got {x.shape} {x.dtype}")
@@ -1093,18 +1115,23 @@ def channelwise_grad_intra_mosaic(
     return dq[:, :seq_len], dk_out[:, :seq_len], dkr[:, :seq_len]
 
 
-def check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
+def check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc,
+                       dr_heads_first: bool = False) -> None:
     """The input contract of :func:`channelwise_grad_chunk_mosaic`: :func:`check_inputs`
     without ``kr`` (K2 forms it; ``k`` is checked as there: q's shape and dtype), and
 
     Raises:
         ValueError: as :func:`check_inputs` for ``q``, ``k``, ``gamma``, ``do``, ``vn``,
-            ``dr``, ``doc``; ``ks`` not a float ``[B, T, H, 1]`` or ``[B, T, H, K]``; ``hs`` or
-            ``dhs`` not ``[B, H, N, K, V]`` (N = ceil(T / 64)) in q's dtype.
+            ``dr``, ``doc`` (``dr`` ``[B, H, T, V]`` with ``dr_heads_first``); ``ks`` not a
+            float ``[B, T, H, 1]`` or ``[B, T, H, K]``; ``hs`` or ``dhs`` not ``[B, H, N, K,
+            V]`` (N = ceil(T / 64)) in q's dtype.
     """
-    check_inputs(q, k, None, gamma, do, vn, dr, doc)
+    check_inputs(q, k, None, gamma, do, vn, None if dr_heads_first else dr, doc)
     batch, seq_len, heads, dk = q.shape
     dv = do.shape[-1]
+    if dr_heads_first and (dr.shape != (batch, heads, seq_len, dv) or dr.dtype != q.dtype):
+        raise ValueError(f"dr must be [B, H, T, V] = {(batch, heads, seq_len, dv)} in q's "
+                         f"dtype {q.dtype} (dr_heads_first=True), got {dr.shape} {dr.dtype}")
     if ks.shape not in ((batch, seq_len, heads, 1), q.shape) or not jnp.issubdtype(
             ks.dtype, jnp.floating):
         raise ValueError(f"ks must be a float [B, T, H, 1] or [B, T, H, K] = {q.shape}, got "
@@ -1116,7 +1143,8 @@ def check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
                              f"{q.dtype}, got {x.shape} {x.dtype}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "slab", "interpret", "ablations"))
+@functools.partial(jax.jit, static_argnames=("scale", "slab", "interpret", "ablations",
+                                             "dr_heads_first"))
 def channelwise_grad_chunk_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1133,7 +1161,8 @@ def channelwise_grad_chunk_mosaic(
     slab: int = SLAB,
     interpret: bool = False,
     ablations: Tuple[str, ...] = (),
-) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    dr_heads_first: bool = False,
+) -> Tuple[jax.Array, ...]:
     """K2: K1, ``backward_chunk`` and the ``kr`` chain rule in one Mosaic GPU kernel.
 
     Replaces ``channelwise_gpu._grad_blocks`` (or K1), the Triton ``backward_chunk`` and the
@@ -1182,17 +1211,25 @@ def channelwise_grad_chunk_mosaic(
             with an fp32 per-channel ``ks`` at V = 128), ``no_state`` (the epilogue's second
             TMA copies and its four state products skipped, K1's partials in their place) and
             ``no_cumsum`` (``dg = dgam``: no split, no ``U`` products).
+        dr_heads_first: ``dr`` is ``[B, H, T, V]``, the layout XLA's per-chunk product
+            ``A^T dVn`` comes out in (``channelwise_gpu._chunk_dr(..., heads_first=True)``),
+            and K2 also returns it as ``dvw`` ``[B, T, H, V]``: key half 0 of each chunk
+            stores the ``[64, V]`` rows its epilogue copied into SMEM (a TMA store), so the
+            value-scale chain reads ``dvw`` without XLA's transpose of the product (0.75 ms
+            of KDA's backward at S1 on an H100, fused with that chain; MOSAIC_GPU.md Sec.
+            47.2). The same values as with ``[B, T, H, V]`` (static).
 
     Returns:
-        ``(dq, dk, dks, dg)``: ``dq`` and ``dk`` (the chain rule applied) ``[B, T, H, K]`` in
-        q's dtype; ``dks`` fp32, ks's shape; ``dg`` fp32 ``[B, T, H, K]`` (the gradient of
-        the log-decay g).
+        ``(dq, dk, dks, dg)``, and ``dvw`` last with ``dr_heads_first``: ``dq`` and ``dk``
+        (the chain rule applied) ``[B, T, H, K]`` in q's dtype; ``dks`` fp32, ks's shape;
+        ``dg`` fp32 ``[B, T, H, K]`` (the gradient of the log-decay g); ``dvw`` ``[B, T, H,
+        V]`` in q's dtype (``dr``'s values).
 
     Raises:
         ValueError: as :func:`check_chunk_inputs` or :func:`check_ablations`, or for a
             ``slab`` not in (16, 32).
     """
-    check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc)
+    check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc, dr_heads_first)
     ablations = check_ablations(ablations, K2_ABLATIONS)
     if slab not in SLABS:
         raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
@@ -1200,7 +1237,11 @@ def channelwise_grad_chunk_mosaic(
     dv = do.shape[-1]
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
-    q, k, do, vn, dr = (mgl.pad_time(x, num_chunks) for x in (q, k, do, vn, dr))
+    q, k, do, vn = (mgl.pad_time(x, num_chunks) for x in (q, k, do, vn))
+    if dr_heads_first:  # [B, H, T, V]: time is axis 2
+        dr = jnp.pad(dr, ((0, 0), (0, 0), (0, padded - seq_len), (0, 0)))
+    else:
+        dr = mgl.pad_time(dr, num_chunks)
     gamma = mgl.pad_time(gamma.astype(F32), num_chunks)
     halves = dk // KEY_HALF
     ks_channels = ks.shape[-1] != 1
@@ -1227,18 +1268,21 @@ def channelwise_grad_chunk_mosaic(
     extra_kw = dict(ablations=frozenset(ablations)) if ablations else {}
     kernel = functools.partial(_kernel_k2, halves=halves, scale=float(scale), has_docs=has_docs,
                                slab=slab, interpret=interpret, names=names, fused=True,
-                               ks_channels=ks_channels, **extra_kw)
+                               ks_channels=ks_channels, dr_heads_first=dr_heads_first,
+                               **extra_kw)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), dtype)
     dks_type = (jax.ShapeDtypeStruct((batch, padded, heads, dk), F32) if ks_channels
                 else jax.ShapeDtypeStruct((batch, heads, dk // slab, padded), F32))
-    call = _launch(kernel, (tok, tok, dks_type,
-                            jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)),
-                   scratch, (num_chunks * halves, heads, batch),
+    out_type = (tok, tok, dks_type, jax.ShapeDtypeStruct((batch, padded, heads, dk), F32))
+    if dr_heads_first:
+        out_type += (jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),)  # dvw
+    call = _launch(kernel, out_type, scratch, (num_chunks * halves, heads, batch),
                    ablated_name(K2_KERNEL_NAME, ablations), interpret)
     with jax.named_scope(K2_KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
         upper = jnp.triu(jnp.ones((CHUNK, CHUNK), BF16))  # U_ij = [j >= i], for the cumsum
-        dq, dk_out, dks, dg = call(q, k, gamma, g8, do, vn, dr, hs, dhs, ks_in, upper, *extra)
+        outs = call(q, k, gamma, g8, do, vn, dr, hs, dhs, ks_in, upper, *extra)
+        dq, dk_out, dks, dg = outs[:4]
         if not ks_channels:  # the per-slab partials, summed here: [B, T, H, 1]
             dks = jnp.transpose(jnp.sum(dks, axis=2), (0, 2, 1))[..., None]
-    return dq[:, :seq_len], dk_out[:, :seq_len], dks[:, :seq_len], dg[:, :seq_len]
+    return tuple(x[:, :seq_len] for x in (dq, dk_out, dks, dg) + tuple(outs[4:]))

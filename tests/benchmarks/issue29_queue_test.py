@@ -26,7 +26,8 @@ from tests.benchmarks import window_shims
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
-         "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab").split()
+         "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
+         "swiglu").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -175,9 +176,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # the order after 2026-12-07c (MOSAIC_GPU.md Sec. 46): approx_math decided, KDA's
-        # same-run table with K2, the 350M throughput
-        self.assertEqual(default, ["approx", "cw_state", "tp350"])
+        # the order after 2026-12-07d (MOSAIC_GPU.md Sec. 47): the per-channel gpu tests with
+        # K2's heads-first dR, KDA's same-run table with it, the packed SwiGLU A/B
+        self.assertEqual(default, ["cw_tests", "kda_dvw", "swiglu"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
@@ -213,13 +214,17 @@ class Issue29QueueTest(absltest.TestCase):
         self.assertIn("pallas", config_lib._DELTA_IMPLEMENTATIONS)
 
     def test_stepprof_profiles_the_tp350_step_with_the_mosaic_kernels(self):
+        # stepprof's one call, then swiglu's two (the same command with --swiglu_packed off, on)
         argvs = self._calls("benchmarks/profile_train_step.py")
-        self.assertLen(argvs, 1)
-        result = _python(_ARGPARSE, ["benchmarks/profile_train_step.py"] + argvs[0])
-        self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
-        sets = [a.split("=", 1)[1] for a in argvs[0] if a.startswith("--set=")]
-        self.assertEqual(sets, ["train.micro_batch_size=8", "model.gdn.implementation=auto"])
-        self.assertIn("--batch=128", argvs[0])  # tp350's global batch
+        self.assertLen(argvs, 3)
+        for argv in argvs:
+            result = _python(_ARGPARSE, ["benchmarks/profile_train_step.py"] + argv)
+            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+            sets = [a.split("=", 1)[1] for a in argv if a.startswith("--set=")]
+            self.assertEqual(sets, ["train.micro_batch_size=8", "model.gdn.implementation=auto"])
+            self.assertIn("--batch=128", argv)  # tp350's global batch
+        self.assertEqual([[a for a in argv if a.startswith("--swiglu")] for argv in argvs],
+                         [[], ["--swiglu_packed=off"], ["--swiglu_packed=on"]])
         self.assertIn("auto", config_lib._DELTA_IMPLEMENTATIONS)
 
     def test_profile_fwd_flags_parse(self):

@@ -207,6 +207,35 @@ class InterpretTest(parameterized.TestCase):
         for name, a, e in zip(_NAMES, part, full):
             np.testing.assert_array_equal(a, e[:, :100], err_msg=name)
 
+    # K = 128 (two key halves: only half 0 stores dvw), documents, a partial last chunk; and
+    # slab 16 (the first slab the epilogue runs is the one that issues the store).
+    @parameterized.named_parameters(("slab32", _CASES[0], 32), ("slab16_K64", _CASES[2], 16))
+    def test_heads_first_dr_gives_the_same_bits_and_dvw(self, case, slab):
+        """``dr_heads_first``: dR read as ``[B, H, T, V]`` and written back as ``dvw`` ``[B, T,
+        H, V]`` (MOSAIC_GPU.md Sec. 47.2): the four outputs bit for bit those of the
+        ``[B, T, H, V]`` kernel, and ``dvw`` equal to ``dr``."""
+        seed, batch, seq_len, heads, dk, dv, dtype, docs, decay, h0, gdn2 = case[1:]
+        cfg, args, doc_arrays, (ks, hs, dhs) = k1_test.grad_inputs(
+            seed, batch, seq_len, heads, dk, dv, jnp.dtype(dtype), docs=docs, decay=decay,
+            h0=h0, gdn2=gdn2, interpret=True, full=True)
+        doc = doc_arrays[0] if doc_arrays else None
+        q, k, _, gam, do, vn, dr = (x[:, :seq_len] for x in args)  # T not a chunk multiple
+        ks = ks[:, :seq_len]
+        kw = dict(scale=cfg["scale"], doc=None if doc is None else doc[:, :seq_len],
+                  slab=slab, interpret=True)
+        want = k2.channelwise_grad_chunk_mosaic(q, k, ks, gam, hs, dhs, do, vn, dr, **kw)
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            got = jax.block_until_ready(k2.channelwise_grad_chunk_mosaic(
+                q, k, ks, gam, hs, dhs, do, vn, jnp.transpose(dr, (0, 2, 1, 3)),
+                dr_heads_first=True, **kw))
+        self.assertNotIn("RACE DETECTED", log.getvalue())
+        self.assertLen(got, 5)
+        for name, a, e in zip(_NAMES + ("dvw",), got, want + (dr,)):
+            self.assertEqual((a.shape, a.dtype), (e.shape, e.dtype), name)
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
+
 
 @pytest.mark.slow
 class OpInterpretTest(parameterized.TestCase):
@@ -245,9 +274,10 @@ class OpInterpretTest(parameterized.TestCase):
 
 
 def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.float32,
-                   ablations=None, slab=k2.SLAB):
+                   ablations=None, slab=k2.SLAB, dr_heads_first=False):
     """Exports K2 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``. ``ablations``:
-    passed on unless ``None`` (then the kernel's default)."""
+    passed on unless ``None`` (then the kernel's default); ``dr_heads_first``: ``dr`` ``[B,
+    H, T, V]`` and the ``dvw`` output."""
     batch, seq_len, heads = 1, 200, 2
     n = -(-seq_len // C)
     spec = jax.ShapeDtypeStruct
@@ -255,12 +285,14 @@ def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.flo
             + [spec((batch, seq_len, heads, dk if ks_channels else 1), ks_dtype),
                spec((batch, seq_len, heads, dk), jnp.float32)]
             + [spec((batch, heads, n, dk, dv), dtype)] * 2
-            + [spec((batch, seq_len, heads, dv), dtype)] * 3)
+            + [spec((batch, seq_len, heads, dv), dtype)] * 2
+            + [spec((batch, heads, seq_len, dv) if dr_heads_first else (batch, seq_len, heads, dv),
+                    dtype)])
     doc = spec((batch, seq_len), jnp.int32) if docs else None
 
     def fn(*args, doc=None):
         return k2.channelwise_grad_chunk_mosaic(
-            *args, scale=0.1, doc=doc, slab=slab,
+            *args, scale=0.1, doc=doc, slab=slab, dr_heads_first=dr_heads_first,
             **({} if ablations is None else dict(ablations=ablations)))
 
     return kmc_test.export_cuda_counting_smem(fn, *args, doc=doc)
@@ -295,6 +327,14 @@ class LoweringTest(parameterized.TestCase):
         if smem_want is not None:  # pinned: MOSAIC_GPU.md Sec. 21 and the docstring quote them
             self.assertEqual(smem, smem_want)
 
+    @parameterized.parameters((False, _SMEM_K128_V128), (True, _SMEM_K128_V128_KS_F32))
+    def test_heads_first_dr_exports_with_the_same_smem(self, ks_channels, smem_want):
+        # dR read as [B, H, T, V] and stored back as dvw by TMA: no SMEM of its own.
+        text, smem = _export_kernel(128, 128, jnp.bfloat16, True, ks_channels,
+                                    dr_heads_first=True)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertEqual(smem, smem_want)
+
     def test_kda_fwd_bwd_exports_without_grad_blocks_or_backward_chunk(self):
         names, mosaic, text = k1_test._export_op(
             "kda", {"grad_pass": "mosaic_fused", "state_pass": "triton"})
@@ -322,6 +362,14 @@ class Jax011LoweringTest(parameterized.TestCase):
     def test_exports(self, dim, slab, docs):
         with k1_test.small_layout_fuel():
             text, smem = _export_kernel(dim, dim, jnp.bfloat16, docs, slab=slab)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    @parameterized.product(slab=k2.SLABS, ks_channels=(False, True))
+    def test_exports_with_heads_first_dr(self, slab, ks_channels):
+        with k1_test.small_layout_fuel():
+            text, smem = _export_kernel(128, 128, jnp.bfloat16, True, ks_channels, slab=slab,
+                                        dr_heads_first=True)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertLessEqual(smem, _SMEM_LIMIT)
 
@@ -534,6 +582,26 @@ class GpuTest(kmg_test.HopperTestCase):
             slab=slab) for slab in (32, 16))
         for name, a, e in zip(_NAMES, narrow, wide):  # fp32 summation order at most
             self.assertLess(tolerances.rel_err(a, e), 1e-5, name)
+
+    @parameterized.parameters((0, False, 32), (1, True, 16))
+    def test_heads_first_dr_gives_the_same_bits_and_dvw(self, seed, ks_channels, slab):
+        # MOSAIC_GPU.md Sec. 47.2: compiled, dR read as [B, H, T, V] and stored back as dvw
+        # [B, T, H, V] by key half 0 (T not a chunk multiple, documents).
+        cfg, args, doc_arrays, (ks, hs, dhs) = k1_test.grad_inputs(
+            seed, 2, 1000, 2, 128, 128, jnp.bfloat16, docs=(700, 1, 64), gdn2=ks_channels,
+            interpret=False, full=True)
+        q, k, _, gam, do, vn, dr = (x[:, :1000] for x in args)
+        kw = dict(scale=cfg["scale"], doc=doc_arrays[0][:, :1000], slab=slab)
+        want = k2.channelwise_grad_chunk_mosaic(q, k, ks[:, :1000], gam, hs, dhs, do, vn, dr,
+                                                **kw)
+        got = k2.channelwise_grad_chunk_mosaic(q, k, ks[:, :1000], gam, hs, dhs, do, vn,
+                                               jnp.transpose(dr, (0, 2, 1, 3)),
+                                               dr_heads_first=True, **kw)
+        self.assertLen(got, 5)
+        for name, a, e in zip(_NAMES + ("dvw",), got, tuple(want) + (dr,)):
+            self.assertEqual((a.shape, a.dtype), (e.shape, e.dtype), name)
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
 
     @parameterized.parameters(("kda", True, 128), ("gdn2", False, 64))
     def test_op_with_fused_grad_pass_against_fp32_reference(self, op, packed, dim):
