@@ -57,8 +57,9 @@
 #   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
-#   kda_dvw 200   Sec. 47.2: KDA S1, S2 fwd and fwd+bwd (the defaults: Mosaic state passes, K2
-#               reading dR heads-first and writing dvw), jla beside, per-kernel breakdown
+#   kda_dvw 340   Sec. 47.2/47.4: KDA and GDN-2 S1, S2 fwd and fwd+bwd (the defaults: Mosaic
+#               state passes, K2 reading dR heads-first and writing dvw, g floored in the gamma
+#               kernel), jla beside, per-kernel breakdown
 #   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
 #               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
@@ -89,7 +90,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
-  kda_dvw) echo 200;; swiglu) echo 520;;
+  kda_dvw) echo 340;; swiglu) echo 520;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -315,9 +316,10 @@ run_approx() {  # Sec. 44/46: approx_math off / on / off / on, GDN's default Mos
   gdn_show $O/approx/*-*_approx_math.log
 }
 
-run_kda_dvw() {  # Sec. 47.2: KDA with K2 reading dR heads-first and writing dvw, against jla
+run_kda_dvw() {  # Sec. 47.2/47.4: KDA and GDN-2 (K2 reading dR heads-first, g floored in the
+  # gamma kernel), against jla
   mkdir -p $O/kda_dvw; local s=$SECONDS
-  MOSAIC_GPU_DUMP_PTXAS=1 timeout 190 python3 benchmarks/bench_kernels.py --ops=kda \
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 330 python3 benchmarks/bench_kernels.py --ops=kda,gdn2 \
     --peers=ours,jla --passes=fwdbwd,fwd --shapes=S1,S2 --breakdown_top=16 --iters=30 \
     --warmup=5 --out=$O/kda_dvw/kda > $O/kda_dvw/kda.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate' $O/kda_dvw/kda.log | cut -c1-300

@@ -750,15 +750,29 @@ def _grad_blocks_mosaic(cfg, q, k, kr, gam, docs, do, vn, dr):
 
 
 def _gamma_kernel(g_ref, gam_ref, *, cfg):
-    """The ``gamma`` kernel: ``gamma = cumsum(g)`` within one chunk, fp32 (Triton scan), one
-    program per (chunk, head), key blocks of ``block_k`` channels."""
+    """The ``gamma`` kernel: ``gamma = cumsum(max(g, LOG_DECAY_FLOOR))`` within one chunk, fp32
+    (Triton scan), one program per (chunk, head), key blocks of ``block_k`` channels. The
+    floor (``validation.floor_log_decay``'s values, NaN kept) is applied here on the way in,
+    not as an XLA pass over ``g`` before the op (0.17 ms at S1 on an H100, MOSAIC_GPU.md Sec.
+    47.4); its gradient is :func:`_floor_grad`."""
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     tsl = pl.ds(n * CHUNK, CHUNK)
     bk = cfg["block_k"]
+    floor = F32(validation.LOG_DECAY_FLOOR)
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
-        gam_ref[b, tsl, h, ksl] = jnp.cumsum(g_ref[b, tsl, h, ksl], axis=0)
+        g = g_ref[b, tsl, h, ksl]
+        gam_ref[b, tsl, h, ksl] = jnp.cumsum(jnp.where(g < floor, floor, g), axis=0)
+
+
+def _floor_grad(g, dg):
+    """``dg`` (w.r.t. the floored log-decay) taken through ``max(g, LOG_DECAY_FLOOR)`` as
+    ``jax.grad`` of ``validation.floor_log_decay`` takes it: ``dg`` where ``g`` is above the
+    floor, ``dg / 2`` at it (``jnp.maximum``'s tie rule), 0 below (and for a NaN ``g``); one
+    fused XLA pass, fp32 ``[B, Tp, H, K]``."""
+    floor = F32(validation.LOG_DECAY_FLOOR)
+    return jnp.where(g > floor, dg, jnp.where(g == floor, 0.5 * dg, 0.0))
 
 
 def _gamma(cfg, g):
@@ -1277,10 +1291,10 @@ def _make_core(static):
         o, ht, vn, hs, prep, gam, maps = forward(q, k, v, ks, vs, g, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
         keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
-        return out, (q, k, v, ks, vs, gam, docs, keep, hs, vn, maps)
+        return out, (q, k, v, ks, vs, g, gam, docs, keep, hs, vn, maps)
 
     def core_bwd(res, cts):
-        q, k, v, ks, vs, gam, docs, prep, hs, vn, maps = res
+        q, k, v, ks, vs, g, gam, docs, prep, hs, vn, maps = res
         do = cts[0].astype(q.dtype)
         dvn_out = cts[2] if residual else None
         if cfg["state_pass"] == "mosaic":  # the forward's piece maps, not formed again
@@ -1308,7 +1322,7 @@ def _make_core(static):
         dvs = vf * dvw
         if vs.shape[-1] == 1:
             dvs = jnp.sum(dvs, axis=-1, keepdims=True)
-        return (dq, dk, dv, dks.astype(ks.dtype), dvs.astype(vs.dtype), dg, dh0,
+        return (dq, dk, dv, dks.astype(ks.dtype), dvs.astype(vs.dtype), _floor_grad(g, dg), dh0,
                 tuple(None for _ in docs))
 
     core.defvjp(core_fwd, core_bwd)
@@ -1348,6 +1362,8 @@ def channelwise_delta_pallas(
       k: keys ``[B, T, H, K]`` (the write key).
       v: values ``[B, T, H, V]``.
       g: per-key-channel log-decay ``[B, T, H, K]`` (natural log, ``<= 0``); fp32 internally.
+        Values under ``LOG_DECAY_FLOOR`` (-128; ``-inf`` included) are raised to it inside
+        the kernels, with ``validation.floor_log_decay``'s values and gradients.
       k_scale: the read key's scale, ``[B, T, H]`` (one per head and token) or ``[B, T, H, K]``;
         any float dtype (read as is, taken to fp32 in the kernels; its gradient in its dtype).
       v_scale: the write value's scale, ``[B, T, H]`` or ``[B, T, H, V]``; as ``k_scale``.

@@ -198,7 +198,9 @@ def kda(
     )
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if impl != "reference":  # the token-serial ground truth takes g as is
+    # The token-serial ground truth takes g as is; the Pallas GPU kernels floor it themselves
+    # (in their gamma kernel: no XLA pass over g, MOSAIC_GPU.md Sec. 47.4).
+    if impl != "reference" and impl not in pallas_gpu.PALLAS_IMPLEMENTATIONS:
         g = common.floor_log_decay(g)
     if impl == "pallas_tpu":
         o, final_state, u = _forward_tpu(q, k, v, g, beta, initial_state, segment_ids,

@@ -121,6 +121,42 @@ class LogDecayFloorTest(parameterized.TestCase):
         ok = ~at & np.isfinite(dg_ref)
         np.testing.assert_allclose(dg[ok], dg_ref[ok], atol=1e-4, rtol=1e-4)
 
+    def test_kernel_floor_gradient_is_floor_log_decays(self):
+        """The per-channel Pallas kernels floor g in their gamma kernel and take dg through
+        ``channelwise_gpu._floor_grad``: the same values as ``jax.vjp`` of
+        ``floor_log_decay`` (1 above the floor, 1/2 at it, 0 below), bit for bit."""
+        from pallas_kernels.common import channelwise_gpu
+        g = jnp.asarray([0.0, -3.5, -127.0, -128.0, -129.0, -1e8, -np.inf, -127.99999],
+                        jnp.float32)
+        dg = jnp.asarray(np.random.default_rng(0).standard_normal(g.shape), jnp.float32)
+        want = jax.vjp(common.floor_log_decay, g)[1](dg)[0]
+        got = channelwise_gpu._floor_grad(g, dg)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        self.assertEqual(float(got[3]), 0.5 * float(dg[3]))
+
+    @parameterized.named_parameters(("kda", "kda"), ("gdn2", "gdn2"))
+    def test_kernel_gradients_finite_and_match(self, op):
+        """The Pallas GPU path (interpreted) with -inf events and one token exactly at the
+        floor: its gradients finite, 0 for g at the events, the others the reference's."""
+        x = list(_inputs(4, True, -np.inf))
+        x[3] = x[3].at[:, 30, :, 5].set(common.LOG_DECAY_FLOOR)  # a tie: dg halved
+        q, k, v, g = x[:4]
+
+        def grads(impl):
+            def f(q, k, v, g):
+                o, s = _call(op, impl, (q, k, v, g) + tuple(x[4:]))
+                return jnp.sum(o * jnp.cos(o)) + jnp.sum(s)
+            return jax.grad(f, argnums=(0, 1, 2, 3))(q, k, v, g)
+
+        got, want = grads("pallas_interpret"), grads("reference")
+        for name, a, r in zip("qkvg", got, want):
+            a, r = np.asarray(a), np.asarray(r)
+            self.assertTrue(np.isfinite(a).all(), name)
+            ok = np.isfinite(r) & (np.asarray(g) > common.LOG_DECAY_FLOOR)
+            np.testing.assert_allclose(a[ok], r[ok], atol=3e-2, rtol=3e-2, err_msg=name)
+        dg = np.asarray(got[3])
+        np.testing.assert_array_equal(dg[np.asarray(g) == -np.inf], 0.0)
+
 
 if __name__ == "__main__":
     absltest.main()
