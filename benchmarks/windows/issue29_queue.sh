@@ -60,6 +60,8 @@
 #   kda_dvw 340   Sec. 47.2/47.4: KDA and GDN-2 S1, S2 fwd and fwd+bwd (the defaults: Mosaic
 #               state passes, K2 reading dR heads-first and writing dvw, g floored in the gamma
 #               kernel), jla beside, per-kernel breakdown
+#   k2floor 230   Sec. 47.5: K2's dg through g's floor: its two gpu tests and the two op tests,
+#               then KDA S1 and S2 fwd+bwd against jla
 #   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
 #               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
@@ -90,7 +92,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
-  kda_dvw) echo 340;; swiglu) echo 520;;
+  kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -325,6 +327,21 @@ run_kda_dvw() {  # Sec. 47.2/47.4: KDA and GDN-2 (K2 reading dR heads-first, g f
   grep -a -h '^gate' $O/kda_dvw/kda.log | cut -c1-300
   cw_show $O/kda_dvw/kda.log
   cw_ptxas channelwise_grad_chunk $O/kda_dvw/kda.log
+}
+
+run_k2floor() {  # Sec. 47.5: K2 takes dg through g's floor; its gpu tests, then KDA S1 vs jla
+  mkdir -p $O/k2floor; local s=$SECONDS
+  timeout 100 python3 benchmarks/gpu_tests.py --jobs=6 --deadline_s=90 --out=$O/k2floor/gpu_tests \
+    "$T/kernel_mosaic_channelwise_grad_chunk_test.py::GpuTest::test_unfloored_g_takes_dg_through_the_floor_kda" \
+    "$T/kernel_mosaic_channelwise_grad_chunk_test.py::GpuTest::test_unfloored_g_takes_dg_through_the_floor_gdn2_slab16" \
+    "$T/kernel_mosaic_channelwise_grad_chunk_test.py::GpuTest::test_op_with_fused_grad_pass_against_fp32_reference0" \
+    "$T/kernel_mosaic_channelwise_grad_chunk_test.py::GpuTest::test_op_with_fused_grad_pass_against_fp32_reference1"
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -h -E 'Counts|failed|error' $O/k2floor/gpu_tests/summary.md | head -6 | cut -c1-220
+  timeout 120 python3 benchmarks/bench_kernels.py --ops=kda --peers=ours,jla --passes=fwdbwd \
+    --shapes=S1,S2 --breakdown_top=16 --iters=30 --warmup=5 --out=$O/k2floor/kda \
+    > $O/k2floor/kda.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  cw_show $O/k2floor/kda.log
 }
 
 run_swiglu() {  # Sec. 46.2/47.3: the 350M GDN-pure step, packed SwiGLU off then on (A/B)

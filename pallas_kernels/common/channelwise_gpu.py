@@ -1246,20 +1246,21 @@ def _kr_chain(k, ks, dk, dkr):
     return dk, dks
 
 
-def _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dr_bh):
+def _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dr_bh, g):
     """``(dq, dk, dks, dg, dvw)`` from the Mosaic GPU kernel K2
     (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic`):
     ``grad_blocks``, ``backward_chunk`` and :func:`_kr_chain` in one kernel, the same values,
     dtypes and layouts (``dks`` fp32 before its cast to ks's dtype). K2 forms ``kr = k ks``
     itself (the same fp32 product, rounded once), so no ``kr`` is passed. ``dr_bh``: ``dR``
     ``[B, H, T, V]`` (:func:`_chunk_dr` with ``heads_first``); K2 returns it as ``dvw`` ``[B,
-    T, H, V]``."""
+    T, H, V]``. ``g``: the unfloored log-decay; K2 returns ``dg`` through the floor
+    (:func:`_floor_grad`'s values)."""
     from pallas_kernels.common import channelwise_grad_mosaic_gpu
 
     return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
         q, k, ks, gam, hs, dhs, do, vn, dr_bh, scale=cfg["scale"],
         doc=docs[0] if docs else None, slab=cfg["mosaic_grad_slab"], interpret=cfg["interpret"],
-        dr_heads_first=True)
+        dr_heads_first=True, g=g)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1306,8 +1307,9 @@ def _make_core(static):
             # dR heads-first (no transpose in XLA); K2 forms kr = k ks itself and hands dR
             # back as dvw [B, T, H, V].
             dr_bh = _chunk_dr(cfg, prep["a_ref"], dvn, heads_first=True)
+            # K2 also takes dg through the log-decay's floor (no XLA pass over g and dg).
             dq, dk, dks, dg, dvw = _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn,
-                                                      dr_bh)
+                                                      dr_bh, g)
         else:
             # kr as the forward kernels formed it (the fp32 product rounded once); the
             # backward kernels read it whole.
@@ -1315,6 +1317,7 @@ def _make_core(static):
             dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"],
                                                    hs, dhs, do, vn, dvn)
             dk, dks = _kr_chain(k, ks, dk, dkr)
+            dg = _floor_grad(g, dg)
         # Through vw = v vs (fp32): dv = vs dvw, dvs = v dvw (summed over the channels vs
         # broadcasts over); kr = k ks in _kr_chain.
         dvw = dvw.astype(F32)
@@ -1322,7 +1325,7 @@ def _make_core(static):
         dvs = vf * dvw
         if vs.shape[-1] == 1:
             dvs = jnp.sum(dvs, axis=-1, keepdims=True)
-        return (dq, dk, dv, dks.astype(ks.dtype), dvs.astype(vs.dtype), _floor_grad(g, dg), dh0,
+        return (dq, dk, dv, dks.astype(ks.dtype), dvs.astype(vs.dtype), dg, dh0,
                 tuple(None for _ in docs))
 
     core.defvjp(core_fwd, core_bwd)

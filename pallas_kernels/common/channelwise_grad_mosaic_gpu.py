@@ -137,6 +137,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.common.validation import LOG_DECAY_FLOOR
 
 CHUNK = mgl.CHUNK
 SUB = 16  # rows per block of the past route (the reference r_J is gamma at its last row)
@@ -321,7 +322,7 @@ def _bind(names, refs, out):
 def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, halves: int,
             scale: float, has_docs: bool, slab: int, interpret: bool, names: Tuple[str, ...],
             fused: bool = False, ks_channels: bool = False, dr_heads_first: bool = False,
-            ablations: frozenset = frozenset()):
+            floor_g: bool = False, ablations: frozenset = frozenset()):
     """Kernel body of :func:`channelwise_grad_intra_mosaic` (K1) and, with ``fused``, of
     :func:`channelwise_grad_chunk_mosaic` (K2; module docstring); refs are GMEM.
 
@@ -329,20 +330,24 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     marks). ``kr_ref`` is ``None`` for K2 (:func:`_kernel_k2`), which forms ``kr = k ks`` in
     registers from the SMEM ``k`` and ``ks`` (:func:`_kr_tile`) and has no ``kr`` buffer. K1:
     ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch. K2:
-    ``hs_ref, dhs_ref, ks_ref, u_ref, [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref, dks_ref,
-    dg_ref[, dvw_ref]`` then the scratch (``u_ref``: the cumsum's ``U``; ``dvw_ref`` with
+    ``hs_ref, dhs_ref, ks_ref, u_ref, [g_ref,] [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref,
+    dks_ref, dg_ref[, dvw_ref]`` then the scratch (``u_ref``: the cumsum's ``U``; ``dvw_ref`` with
     ``dr_heads_first``). ``names`` names the scratch refs (a tree: one tuple per RefUnion).
     ``dr_heads_first`` (K2 only): ``dr_ref`` is ``[B, H, T, V]`` (the layout of XLA's per-chunk
     product ``A^T dVn``, no transpose) and the kernel writes it back as ``dvw`` ``[B, T, H,
-    V]`` (a TMA store from the epilogue's SMEM copy, by key half 0).
+    V]`` (a TMA store from the epilogue's SMEM copy, by key half 0). ``floor_g`` (K2 only):
+    ``g_ref``, the unfloored log-decay ``[B, T, H, K]`` fp32, is read (from GMEM, in the
+    epilogue) and ``dg`` taken through ``max(g, LOG_DECAY_FLOOR)`` before it is stored.
     ``ablations``: the timing ablations (:data:`K1_ABLATIONS`, :data:`K2_ABLATIONS`; empty for
     the real kernel, whose code is then unchanged by them).
     """
     rest = list(rest)
-    hs_ref = dhs_ref = ks_ref = u_ref = conn_ref = last_ref = None
+    hs_ref = dhs_ref = ks_ref = u_ref = conn_ref = last_ref = graw_ref = None
     if fused:
         hs_ref, dhs_ref, ks_ref, u_ref = rest[:4]
         rest = rest[4:]
+        if floor_g:
+            graw_ref = rest.pop(0)
     doc_ref = rest.pop(0) if has_docs else None
     if fused and has_docs:
         conn_ref, last_ref = rest[:2]
@@ -579,7 +584,7 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         partials = [None] * (steps - 1) + [list(last)]
     if fused:
         _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_rows, dq_ref, dk_ref,
-                  dks_ref, dg_ref, dvw_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale,
+                  dks_ref, dg_ref, dvw_ref, graw_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale,
                   slab=slab, has_docs=has_docs, ks_channels=ks_channels, interpret=interpret,
                   ablations=ablations)
     elif slab == WG_KEYS:  # K1
@@ -657,8 +662,8 @@ def _split3(x):
 
 
 def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_rows, dq_ref, dk_ref,
-              dks_ref, dg_ref, dvw_ref, *, wg, n, h, b, half, scale, slab, has_docs, ks_channels,
-              interpret, ablations=frozenset()):
+              dks_ref, dg_ref, dvw_ref, graw_ref, *, wg, n, h, b, half, scale, slab, has_docs,
+              ks_channels, interpret, ablations=frozenset()):
     """K2's epilogue for warpgroup ``wg``'s 32 channels (``backward_chunk`` + the kr chain).
 
     ``partials``: per slab of ``slab`` channels (one at 32, two at 16), ``(dq_M, dkr_M,
@@ -669,7 +674,7 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_rows, dq_
     as :func:`_kernel`'s (``no_state``, ``no_cumsum``, ``no_store`` act here). ``dr_rows``:
     this chunk's ``[64, V]`` GMEM view of ``dR`` (either layout); ``dvw_ref``: ``None``, or
     the ``[B, T, H, V]`` output that key half 0 copies ``dR`` into from SMEM (with
-    ``dr_heads_first``).
+    ``dr_heads_first``); ``graw_ref``: ``None`` or the unfloored ``g`` (``floor_g``).
     """
     lhs_s, vn_s, s0_s, dsc_s, epi_bar = (sc["lhs_e"], sc["vn_e"], sc["s0"], sc["dsc"],
                                          sc["epi_bar"])
@@ -698,13 +703,14 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_rows, dq_
     for step, part in reversed(list(enumerate(partials))):
         if step < len(partials) - 1:
             plgpu.commit_smem()  # the previous slab's cumsum pieces may be overwritten
-        _epilogue_slab(sc, part, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, step=step, wg=wg,
+        _epilogue_slab(sc, part, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, graw_ref, step=step,
+                       wg=wg,
                        tok=tok, h=h, b=b, half=half, scale=scale, slab=slab, has_docs=has_docs,
                        ks_channels=ks_channels, interpret=interpret, ablations=ablations)
 
 
-def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, *, step, wg, tok, h,
-                   b, half, scale, slab, has_docs, ks_channels, interpret, ablations):
+def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, graw_ref, *, step, wg,
+                   tok, h, b, half, scale, slab, has_docs, ks_channels, interpret, ablations):
     """K2's epilogue on slab ``step`` of warpgroup ``wg``, channels ``[first, first + slab)``
     of the half: the four state products, ``backward_chunk``'s formulas, the chain rule, the
     stores and the ``U`` / ``L`` cumsum (:func:`_epilogue`; the first slab waits for the state
@@ -819,6 +825,10 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, *, st
     lower = mgl.transposed(upper, sc["lower"].at[wg] if interpret else None, interpret)
     lo, mid, hi = _products(shape, [(lower, piece.at[t]) for t in (2, 1, 0)])
     dg = dg + ((lo + mid) + hi - spread)
+    if graw_ref is not None:  # through max(g, LOG_DECAY_FLOOR): jax.grad's values (1, 1/2, 0)
+        graw = _load(graw_ref.at[b, tok, h, out], _WGMMA, interpret)  # from GMEM
+        floor = F32(LOG_DECAY_FLOOR)
+        dg = jnp.where(graw > floor, dg, jnp.where(graw == floor, F32(0.5) * dg, 0.0))
     if no_store:
         _store_padded(sink, dg)
     else:
@@ -1162,6 +1172,7 @@ def channelwise_grad_chunk_mosaic(
     interpret: bool = False,
     ablations: Tuple[str, ...] = (),
     dr_heads_first: bool = False,
+    g: Optional[jax.Array] = None,
 ) -> Tuple[jax.Array, ...]:
     """K2: K1, ``backward_chunk`` and the ``kr`` chain rule in one Mosaic GPU kernel.
 
@@ -1218,6 +1229,13 @@ def channelwise_grad_chunk_mosaic(
             value-scale chain reads ``dvw`` without XLA's transpose of the product (0.75 ms
             of KDA's backward at S1 on an H100, fused with that chain; MOSAIC_GPU.md Sec.
             47.2). The same values as with ``[B, T, H, V]`` (static).
+        g: ``None``, or the log-decay before its floor, float ``[B, T, H, K]`` (``gamma`` is
+            the within-chunk cumsum of ``max(g, LOG_DECAY_FLOOR)``): ``dg`` is then returned
+            through that floor as ``jax.grad`` of ``validation.floor_log_decay`` takes it
+            (``dg`` above the floor, ``dg / 2`` at it, 0 below or for NaN), each CTA reading
+            its ``[64, slab]`` tiles of ``g`` from GMEM in the epilogue: no XLA pass over
+            ``g`` and ``dg`` after the kernel (0.255 ms at S1 on an H100, MOSAIC_GPU.md Sec.
+            47.5).
 
     Returns:
         ``(dq, dk, dks, dg)``, and ``dvw`` last with ``dr_heads_first``: ``dq`` and ``dk``
@@ -1230,6 +1248,8 @@ def channelwise_grad_chunk_mosaic(
             ``slab`` not in (16, 32).
     """
     check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc, dr_heads_first)
+    if g is not None and (g.shape != q.shape or not jnp.issubdtype(g.dtype, jnp.floating)):
+        raise ValueError(f"g must be a float [B, T, H, K] = {q.shape}, got {g.shape} {g.dtype}")
     ablations = check_ablations(ablations, K2_ABLATIONS)
     if slab not in SLABS:
         raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
@@ -1269,7 +1289,7 @@ def channelwise_grad_chunk_mosaic(
     kernel = functools.partial(_kernel_k2, halves=halves, scale=float(scale), has_docs=has_docs,
                                slab=slab, interpret=interpret, names=names, fused=True,
                                ks_channels=ks_channels, dr_heads_first=dr_heads_first,
-                               **extra_kw)
+                               floor_g=g is not None, **extra_kw)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), dtype)
     dks_type = (jax.ShapeDtypeStruct((batch, padded, heads, dk), F32) if ks_channels
                 else jax.ShapeDtypeStruct((batch, heads, dk // slab, padded), F32))
@@ -1281,7 +1301,8 @@ def channelwise_grad_chunk_mosaic(
     with jax.named_scope(K2_KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
         upper = jnp.triu(jnp.ones((CHUNK, CHUNK), BF16))  # U_ij = [j >= i], for the cumsum
-        outs = call(q, k, gamma, g8, do, vn, dr, hs, dhs, ks_in, upper, *extra)
+        graw = () if g is None else (mgl.pad_time(g.astype(F32), num_chunks),)
+        outs = call(q, k, gamma, g8, do, vn, dr, hs, dhs, ks_in, upper, *graw, *extra)
         dq, dk_out, dks, dg = outs[:4]
         if not ks_channels:  # the per-slab partials, summed here: [B, T, H, 1]
             dks = jnp.transpose(jnp.sum(dks, axis=2), (0, 2, 1))[..., None]

@@ -27,7 +27,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
-         "swiglu").split()
+         "swiglu k2floor").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -237,8 +237,8 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_gpu_tests_paths_collect(self):
         argvs = self._calls("benchmarks/gpu_tests.py")
-        self.assertLen(argvs, 8)  # t0w, gva, early, autooff, autooff_dn, fp16def, t0pieces,
-        # cw_tests
+        self.assertLen(argvs, 9)  # t0w, gva, early, autooff, autooff_dn, fp16def, t0pieces,
+        # cw_tests, k2floor
         result = _python(_GPU_TESTS, argvs)  # one process parses every call's flags
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         parsed = [json.loads(line) for line in result.stdout.strip().splitlines()[-len(argvs):]]

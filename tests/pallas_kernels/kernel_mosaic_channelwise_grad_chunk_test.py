@@ -171,6 +171,35 @@ def _check_kernel(test, case, *, interpret=True, slab=k2.SLAB):
     print("rel RMS (K2 vs float64, Triton vs float64, K2 vs Triton):", errs)
 
 
+def _check_floor_g(test, case, slab, interpret):
+    """K2 with ``g`` (the unfloored log-decay, MOSAIC_GPU.md Sec. 47.5): ``dg`` bit for bit
+    ``channelwise_gpu._floor_grad(g, dg)`` of the kernel without it (``dg`` above the floor,
+    half at it, 0 below), the other outputs unchanged. ``g``: random, with tokens at -inf,
+    -1e8, exactly the floor and just above it on some channels."""
+    seed, batch, seq_len, heads, dk, dv, dtype, docs, decay, h0, gdn2 = case
+    cfg, args, doc_arrays, (ks, hs, dhs) = k1_test.grad_inputs(
+        seed, batch, seq_len, heads, dk, dv, jnp.dtype(dtype), docs=docs, decay=decay, h0=h0,
+        gdn2=gdn2, interpret=interpret, full=True)
+    q, k, _, gam, do, vn, dr = args
+    rng = np.random.default_rng(seed)
+    g = -np.abs(rng.standard_normal(q.shape)).astype(np.float32)
+    for t, value in zip((3, 40, 64, 70), (-np.inf, -1e8, -128.0, -127.99999)):
+        if t < g.shape[1]:
+            g[:, t, :, : dk // 2] = value
+    g = jnp.asarray(g)
+    kw = dict(scale=cfg["scale"], doc=doc_arrays[0] if doc_arrays else None, slab=slab,
+              interpret=interpret)
+    want = k2.channelwise_grad_chunk_mosaic(q, k, ks, gam, hs, dhs, do, vn, dr, **kw)
+    got = k2.channelwise_grad_chunk_mosaic(q, k, ks, gam, hs, dhs, do, vn, dr, g=g, **kw)
+    expect = tuple(want[:3]) + (channelwise_gpu._floor_grad(g, want[3]),)
+    for name, a, e in zip(_NAMES, got, expect):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                      err_msg=name)
+    below = np.asarray(g) < -128.0
+    test.assertTrue(below.any())
+    np.testing.assert_array_equal(np.asarray(got[3])[below], 0.0)
+
+
 # K1's cases (kernel_mosaic_channelwise_grad_test._CASES): documents at, just after and inside
 # chunk boundaries, log-decays to about -20 per token, fp16, partial chunks, GDN-2.
 _CASES = k1_test._CASES
@@ -206,6 +235,10 @@ class InterpretTest(parameterized.TestCase):
                                                 interpret=True)
         for name, a, e in zip(_NAMES, part, full):
             np.testing.assert_array_equal(a, e[:, :100], err_msg=name)
+
+    @parameterized.named_parameters(("slab32", _CASES[0], 32), ("slab16_gdn2", _CASES[1], 16))
+    def test_unfloored_g_takes_dg_through_the_floor(self, case, slab):
+        _check_floor_g(self, case[1:], slab, interpret=True)
 
     # K = 128 (two key halves: only half 0 stores dvw), documents, a partial last chunk; and
     # slab 16 (the first slab the epilogue runs is the one that issues the store).
@@ -274,10 +307,10 @@ class OpInterpretTest(parameterized.TestCase):
 
 
 def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.float32,
-                   ablations=None, slab=k2.SLAB, dr_heads_first=False):
+                   ablations=None, slab=k2.SLAB, dr_heads_first=False, floor_g=False):
     """Exports K2 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``. ``ablations``:
     passed on unless ``None`` (then the kernel's default); ``dr_heads_first``: ``dr`` ``[B,
-    H, T, V]`` and the ``dvw`` output."""
+    H, T, V]`` and the ``dvw`` output; ``floor_g``: the unfloored ``g`` given."""
     batch, seq_len, heads = 1, 200, 2
     n = -(-seq_len // C)
     spec = jax.ShapeDtypeStruct
@@ -290,12 +323,14 @@ def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.flo
                     dtype)])
     doc = spec((batch, seq_len), jnp.int32) if docs else None
 
-    def fn(*args, doc=None):
+    g = spec((batch, seq_len, heads, dk), jnp.float32) if floor_g else None
+
+    def fn(*args, doc=None, g=None):
         return k2.channelwise_grad_chunk_mosaic(
-            *args, scale=0.1, doc=doc, slab=slab, dr_heads_first=dr_heads_first,
+            *args, scale=0.1, doc=doc, slab=slab, dr_heads_first=dr_heads_first, g=g,
             **({} if ablations is None else dict(ablations=ablations)))
 
-    return kmc_test.export_cuda_counting_smem(fn, *args, doc=doc)
+    return kmc_test.export_cuda_counting_smem(fn, *args, doc=doc, g=g)
 
 
 class LoweringTest(parameterized.TestCase):
@@ -326,6 +361,14 @@ class LoweringTest(parameterized.TestCase):
         self.assertLessEqual(smem, _SMEM_LIMIT)
         if smem_want is not None:  # pinned: MOSAIC_GPU.md Sec. 21 and the docstring quote them
             self.assertEqual(smem, smem_want)
+
+    @parameterized.parameters((False, _SMEM_K128_V128), (True, _SMEM_K128_V128_KS_F32))
+    def test_unfloored_g_exports_with_the_same_smem(self, ks_channels, smem_want):
+        # g's tiles are read from GMEM in the epilogue: no SMEM of their own.
+        text, smem = _export_kernel(128, 128, jnp.bfloat16, True, ks_channels,
+                                    dr_heads_first=True, floor_g=True)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertEqual(smem, smem_want)
 
     @parameterized.parameters((False, _SMEM_K128_V128), (True, _SMEM_K128_V128_KS_F32))
     def test_heads_first_dr_exports_with_the_same_smem(self, ks_channels, smem_want):
@@ -366,10 +409,10 @@ class Jax011LoweringTest(parameterized.TestCase):
         self.assertLessEqual(smem, _SMEM_LIMIT)
 
     @parameterized.product(slab=k2.SLABS, ks_channels=(False, True))
-    def test_exports_with_heads_first_dr(self, slab, ks_channels):
+    def test_exports_with_heads_first_dr_and_unfloored_g(self, slab, ks_channels):
         with k1_test.small_layout_fuel():
             text, smem = _export_kernel(128, 128, jnp.bfloat16, True, ks_channels, slab=slab,
-                                        dr_heads_first=True)
+                                        dr_heads_first=True, floor_g=True)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertLessEqual(smem, _SMEM_LIMIT)
 
@@ -551,7 +594,7 @@ class ValidationTest(parameterized.TestCase):
                 with mock.patch.dict(channelwise_gpu.TUNING, {"mosaic_grad_slab": slab}):
                     cfg = channelwise_gpu._config(**base, mm_dtype=jnp.bfloat16,
                                                   grad_pass="mosaic_fused")
-                channelwise_gpu._grad_chunk_mosaic(cfg, *([None] * 10))
+                channelwise_gpu._grad_chunk_mosaic(cfg, *([None] * 11))
                 self.assertEqual(seen["slab"], slab)
         self.assertEqual(channelwise_gpu.TUNING["mosaic_grad_slab"], 32)
 
@@ -582,6 +625,11 @@ class GpuTest(kmg_test.HopperTestCase):
             slab=slab) for slab in (32, 16))
         for name, a, e in zip(_NAMES, narrow, wide):  # fp32 summation order at most
             self.assertLess(tolerances.rel_err(a, e), 1e-5, name)
+
+    @parameterized.named_parameters(("kda", k1_test._CASES[0][1:], 32),
+                                    ("gdn2_slab16", k1_test._CASES[1][1:], 16))
+    def test_unfloored_g_takes_dg_through_the_floor(self, case, slab):
+        _check_floor_g(self, case, slab, interpret=False)
 
     @parameterized.parameters((0, False, 32), (1, True, 16))
     def test_heads_first_dr_gives_the_same_bits_and_dvw(self, seed, ks_channels, slab):
