@@ -68,16 +68,17 @@
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
 # cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
 # cw_state and cw_diag on 2026-12-07 (autooff_dn there ran out of its bench timeout), stepprof,
-# cw_tests, cw_grad, approx and cw_slab on 2026-12-07c, approx again on 2026-12-07d: pages
+# cw_tests, cw_grad, approx and cw_slab on 2026-12-07c, approx, cw_tests, kda_dvw, swiglu and
+# k2floor's gpu tests (its bench ran out of device time) on 2026-12-07d: pages
 # benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d}.md); name
 # items to run others.
-# Order (2026-12-07d): the per-channel gpu tests with K2 reading dR heads-first (cw_tests, Sec.
-# 47.2), KDA's same-run table against jla with it (kda_dvw), the packed SwiGLU A/B on the 350M
-# step (swiglu, Sec. 47.3). cw_state, tp350 and autooff_dn by name.
+# Order (after 2026-12-07d): KDA and GDN-2 against jla with K2 taking dg through g's floor
+# (kda_dvw; decision rule in Sec. 47.5), the 350M throughput (tp350; TP_MB=16 on an H200),
+# DeltaNet's auto decision (autooff_dn). cw_state, cw_tests and the rest by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-cw_tests kda_dvw swiglu}
+ITEMS=${*:-kda_dvw tp350 autooff_dn}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
