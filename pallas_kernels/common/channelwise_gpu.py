@@ -21,7 +21,11 @@ formed ``kr`` and ``vw`` before the kernels: 125 us of the KDA forward at S1, H2
 took the KDA / GDN-2 forward from 2.162 / 2.279 to 2.008 / 2.205 ms,
 ``kernels-h200-2026-11-30.md``, tenth run.) Inside, the
 ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
-returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
+returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma). g arrives
+unfloored: the gamma kernel raises it to ``LOG_DECAY_FLOOR`` on the way in and dg is taken
+through that floor by :func:`_floor_grad` (K2 does it in its epilogue), the values and
+gradients of ``validation.floor_log_decay``, which the ops' other implementations apply in XLA
+(MOSAIC_GPU.md Sec. 47.4).
 
 Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
 within-chunk cumsum of g; the algebra of :func:`pallas_kernels.common.channelwise_chunked.

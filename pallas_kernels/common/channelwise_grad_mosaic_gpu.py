@@ -121,6 +121,15 @@ channels (KDA's ``[B, T, H, 1]`` beta; the ``K / slab`` partials per token are s
 (8,192 each below the counts with a ``kr`` buffer); pinned by
 ``kernel_mosaic_channelwise_grad_chunk_test.py`` (in ``tests/pallas_kernels``).
 
+Two options of K2 serve ``channelwise_gpu``'s backward (MOSAIC_GPU.md Secs. 47.2, 47.5; both
+without SMEM of their own, the counts above unchanged): ``dr_heads_first`` reads ``dR`` as
+``[B, H, T, V]``, the layout XLA's per-chunk product ``A^T dVn`` comes out in, and stores the
+epilogue's SMEM copy back as ``dvw`` ``[B, T, H, V]`` (one TMA store per chunk, by key half 0),
+so XLA never transposes the product; ``g`` (the log-decay before ``LOG_DECAY_FLOOR``) makes the
+epilogue read each ``[64, slab]`` tile of ``g`` from GMEM and return ``dg`` through the floor
+(``jax.grad`` of ``validation.floor_log_decay``'s values), so no XLA pass over ``g`` and ``dg``
+follows the kernel.
+
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
 the shims of ``mosaic_gpu_lib`` (transposed operands copied into SMEM, plain loads; no
 ``RefUnion`` there) and lowering for CUDA through ``jax.export``. fp32 inputs are refused
