@@ -63,6 +63,17 @@ def batch_with_random_weights(config, seed, keep):
     return dict(batch, weights=(rng.random(batch["weights"].shape) < keep).astype(np.float32))
 
 
+def _drop_recorded_option(workdir, section, key):
+    """Removes ``section.key`` from the run's ``config.json``: a record written before the
+    option existed."""
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    del saved[section][key]
+    with open(path, "w") as f:
+        json.dump(saved, f)
+
+
 def _write_text(path, text):
     with open(path, "w") as f:
         f.write(text)
@@ -365,12 +376,7 @@ class ResumeChecksTest(absltest.TestCase):
                                         r"new --workdir"):
                 train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
         # A config.json written before train.seed was recorded: nothing to compare, resumes.
-        path = os.path.join(workdir, "config.json")
-        with open(path) as f:
-            saved = json.load(f)
-        del saved["train"]["seed"]
-        with open(path, "w") as f:
-            json.dump(saved, f)
+        _drop_recorded_option(workdir, "train", "seed")
         self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
                          ["train.total_steps (1 -> 2)"])
 
@@ -390,12 +396,7 @@ class ResumeChecksTest(absltest.TestCase):
             self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
                              ["train.total_steps (1 -> 2)"], (packed, split))
         # A config.json written before the option: nothing to compare either.
-        path = os.path.join(workdir, "config.json")
-        with open(path) as f:
-            saved = json.load(f)
-        del saved["model"]["swiglu_packed"]
-        with open(path, "w") as f:
-            json.dump(saved, f)
+        _drop_recorded_option(workdir, "model", "swiglu_packed")
         cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, swiglu_packed=True))
         self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
                          ["train.total_steps (1 -> 2)"])
