@@ -122,7 +122,8 @@ _MOSAIC_APPROX_MATH = flags.DEFINE_bool(
     "Every Mosaic GPU kernel of ours (peers mosaic and ours: GDN, DeltaNet, simple_gla, the "
     "per-channel passes): set mosaic_gpu_lib.APPROX_MATH for this process, Mosaic GPU's "
     "approx_math (jnp.exp as ex2.approx, as jla compiles; MOSAIC_GPU.md Sec. 44); unset: the "
-    "default (on since 2026-12-07d). Recorded with every record (mosaic_approx_math: the value in force).")
+    "default (on since 2026-12-07d). Recorded with every record (mosaic_approx_math: the "
+    "value in force).")
 _MOSAIC_T0_INVERSE = flags.DEFINE_string(
     "mosaic_t0_inverse", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0 or fused_t0_split: the "
