@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lattn_jax import context_parallel
+from lattn_jax import context_parallel, sharding
 from lattn_jax.config import NORM_IMPLEMENTATIONS
 from lattn_jax.causal_conv import causal_conv1d
 from lattn_jax.typing import Array
@@ -43,7 +43,8 @@ class RMSNorm(nnx.Module):
 
     Raises:
       ValueError: for an ``implementation`` not in ``lattn_jax.config.NORM_IMPLEMENTATIONS``,
-        or ``"pallas"`` called off a GPU backend.
+        ``"pallas"`` called off a GPU backend, or a Pallas implementation called under an
+        active mesh of more than one device (the kernels are not yet wrapped in ``shard_map``).
     """
 
     def __init__(self, dim: int, *, eps: float = 1e-5, param_dtype=jnp.float32,
@@ -64,6 +65,12 @@ class RMSNorm(nnx.Module):
             raise ValueError(f"RMSNorm implementation='pallas' (model.norm_implementation) needs "
                              f"a GPU backend, not {jax.default_backend()!r}; use 'xla' or "
                              f"'pallas_interpret'")
+        mesh = sharding.active_mesh()
+        if mesh is not None and mesh.size > 1:
+            # The kernels see whole arrays: GSPMD would gather a sharded x for them.
+            raise ValueError(f"RMSNorm implementation={self.implementation!r} "
+                             f"(model.norm_implementation) runs on one device only (not yet in "
+                             f"shard_map); the active mesh has {mesh.size} devices: use 'xla'")
         return rms_norm_gpu.rms_norm_pallas(x, self.scale[...], self.eps,
                                             interpret=self.implementation == "pallas_interpret")
 

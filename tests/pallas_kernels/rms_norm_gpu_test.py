@@ -10,13 +10,14 @@ CUDA on any host (``jax.export``, no GPU). ``ErrorsTest``: bad inputs name their
 
 import collections
 import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 
-from lattn_jax import layers
+from lattn_jax import layers, sharding
 from pallas_kernels.common import pallas_gpu, rms_norm_gpu
 
 EPS = 1e-5
@@ -140,6 +141,13 @@ class ErrorsTest(absltest.TestCase):
         if jax.default_backend() != "gpu":
             with self.assertRaisesRegex(ValueError, r"model\.norm_implementation.*needs a GPU"):
                 layers.RMSNorm(8, implementation="pallas")(jnp.ones((2, 8)))
+        # Under a mesh of several devices GSPMD would gather x for the kernels: refused.
+        norm = layers.RMSNorm(8, implementation="pallas_interpret")
+        with mock.patch.object(sharding, "active_mesh", return_value=mock.Mock(size=2)):
+            with self.assertRaisesRegex(ValueError, "one device only .* mesh has 2 devices"):
+                norm(jnp.ones((2, 8)))
+        with mock.patch.object(sharding, "active_mesh", return_value=mock.Mock(size=1)):
+            self.assertEqual(norm(jnp.ones((2, 8))).shape, (2, 8))
 
 
 if __name__ == "__main__":
