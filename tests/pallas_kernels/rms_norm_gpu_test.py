@@ -5,7 +5,8 @@
 and the gradients against float64 NumPy of the backward's formula, on random (never zero)
 inputs with several leading axes, row counts that fill no whole block, and D of 64, 1000 (not a
 power of two: masked columns) and 1024. ``TritonLoweringTest`` lowers forward + backward for
-CUDA on any host (``jax.export``, no GPU). ``ErrorsTest``: bad inputs name their argument.
+CUDA on any host (``jax.export``, no GPU). ``GpuTest`` (marked ``gpu``, skipped without a GPU)
+compiles them with Triton. ``ErrorsTest``: bad inputs name their argument.
 """
 
 import collections
@@ -15,6 +16,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from lattn_jax import layers, sharding
@@ -117,6 +119,32 @@ class TritonLoweringTest(absltest.TestCase):
         self.assertEqual(text.count("__gpu$xla.gpu.triton"), 2)
         self.assertEqual(collections.Counter(re.findall(r'name = "(rms_norm_\w+)"', text)),
                          collections.Counter(["rms_norm_fwd", "rms_norm_bwd"]))
+
+
+@pytest.mark.gpu
+class GpuTest(parameterized.TestCase):
+    """The kernels compiled by Triton on a GPU (skipped without one), the model's shapes (D of
+    the 350M model's blocks, 1024, and of GDN's o_norm, 128) and a masked D: forward values to
+    one rounding of XLA's, gradients against float64 NumPy."""
+
+    def setUp(self):
+        super().setUp()
+        if jax.default_backend() != "gpu":
+            self.skipTest("needs a GPU")
+
+    @parameterized.product(dim=(128, 1000, 1024, 4096), dtype=(jnp.float32, jnp.bfloat16))
+    def test_matches_xla_and_numpy(self, dim, dtype):
+        x, scale, dy = _inputs(3, (4, 333), dim, dtype)
+        y, dx, ds = jax.jit(lambda *a: _vjp(rms_norm_gpu.rms_norm_pallas, *a))(x, scale, dy)
+        y_xla = layers.rms_norm(x, scale, EPS)
+        got, want = np.asarray(y, np.float32), np.asarray(y_xla, np.float32)
+        step = 2.0 ** -7 if dtype == jnp.bfloat16 else 2.0 ** -18
+        np.testing.assert_array_less(np.abs(got - want), np.abs(want) * step + 1e-30)
+        dx_np, ds_np = _numpy_grads(x, scale, dy)
+        rtol = 2.0 ** -8 if dtype == jnp.bfloat16 else 1e-5
+        np.testing.assert_allclose(np.asarray(dx, np.float32), dx_np, rtol=rtol,
+                                   atol=1e-5 * np.abs(dx_np).max())
+        np.testing.assert_allclose(ds, ds_np, rtol=1e-5, atol=1e-5 * np.abs(ds_np).max())
 
 
 class ErrorsTest(absltest.TestCase):
