@@ -35,7 +35,9 @@ Usage (H200)::
 product and ``lattn_jax.layers.swiglu_packed``: ``MOSAIC_GPU.md`` Sec. 46.2's experiment); the
 A/B is two invocations on the same machine, e.g. with the 350M step's ``--batch=128
 --set=train.micro_batch_size=8``, one per value. The report records the value the step ran
-with (``payload["model_options"]``).
+with (``payload["model_options"]``), as it does ``model.norm_implementation`` (``xla`` or
+``pallas``, the one-pass Pallas RMSNorm kernels: MOSAIC_GPU.md Sec. 47's A/B, by
+``--set=model.norm_implementation=...``).
 """
 
 import argparse
@@ -406,7 +408,8 @@ def run(args: argparse.Namespace) -> dict:
                    # The model options the step ran with that the A/Bs switch (config values,
                    # after --set and --swiglu_packed).
                    model_options=dict(split_projections=bool(cfg.model.split_projections),
-                                      swiglu_packed=bool(cfg.model.swiglu_packed)))
+                                      swiglu_packed=bool(cfg.model.swiglu_packed),
+                                      norm_implementation=cfg.model.norm_implementation))
     times = {}
     with sharding.activate(trainer.mesh, trainer.rules):
         state = trainer.init_state(args.seed)
@@ -476,7 +479,8 @@ def markdown(payload: dict) -> str:
     options = payload.get("model_options")
     if options:  # before the table
         lines[-2:-2] = ["Model options: " + ", ".join(
-            f"model.{k}={'on' if v else 'off'}" for k, v in options.items()) + ".", ""]
+            f"model.{k}={('on' if v else 'off') if isinstance(v, bool) else v}"
+            for k, v in options.items()) + ".", ""]
     for k in ("step", "fwd_bwd", "optimizer"):
         m = mfu.get(k)
         lines.append(f"| {k} | {ms[k]:.2f} | {'' if m is None else f'{100 * m:.1f}%'} |")

@@ -187,8 +187,10 @@ def paper1_model(linear, stack, num_layers, *, size="350m", mlp_hidden=None,
         use_segment_ids=False,
         # split_projections: the GDN-pure step 164.2 -> 161.7 ms on the H200 (2026-11-30).
         # swiglu_packed: MOSAIC_GPU.md Sec. 46.2's experiment, off until its A/B decides.
+        # norm_implementation: the one-pass Pallas RMSNorm is "pallas", off ("xla") until its
+        # A/B on a card decides (MOSAIC_GPU.md Sec. 47).
         remat=False, remat_policy="nothing_saveable", split_projections=True,
-        swiglu_packed=False,
+        swiglu_packed=False, norm_implementation="xla",
         attention=dict(rope_theta=500_000.0, qk_norm=False, implementation="auto",
                        output_gate=stack == "hybrid" and linear in OUTPUT_GATE_HOSTS,
                        **s["attention"]),

@@ -39,7 +39,7 @@ def get_config(arg=None):
         param_dtype="float32",
         use_segment_ids=True,
         remat=False, remat_policy="nothing_saveable", split_projections=False,
-        swiglu_packed=False,
+        swiglu_packed=False, norm_implementation="xla",
         # Paper 1 puts a sigmoid output gate on the softmax layers of GDN hybrids only; the
         # dense (Transformer++) baseline has none.
         attention=dict(num_heads=4, num_kv_heads=2, head_dim=config_dict.placeholder(int),

@@ -62,6 +62,10 @@ REMAT_POLICIES: Tuple[str, ...] = (
     "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
     "everything_saveable")
 
+# How the model's RMSNorms run (``ModelConfig.norm_implementation``, ``lattn_jax.layers.RMSNorm``):
+# XLA, the one-pass Pallas GPU kernels, or those kernels in Pallas interpret mode (tests).
+NORM_IMPLEMENTATIONS: Tuple[str, ...] = ("xla", "pallas", "pallas_interpret")
+
 # What the train loop does when a step's loss or gradient norm is NaN/inf (``TrainConfig``).
 NONFINITE_POLICIES: Tuple[str, ...] = ("stop", "skip")
 
@@ -686,6 +690,15 @@ class ModelConfig:
         as two fusions each reading gate, up and dy on the 350M step); off until an A/B of the
         step on the H100/H200 (``benchmarks/profile_train_step.py --swiglu_packed=on`` against
         ``=off``) decides.
+      norm_implementation: how every RMSNorm of the model runs (the blocks' two, the final
+        norm, the mixers' output and q/k norms), one of ``NORM_IMPLEMENTATIONS``: ``"xla"``
+        (``lattn_jax.layers.rms_norm``), ``"pallas"`` (the one-pass Pallas GPU kernels of
+        ``pallas_kernels/common/rms_norm_gpu.py``, which read ``x`` once in the forward and
+        ``x`` and ``dy`` once in the backward; needs a GPU) or ``"pallas_interpret"`` (the same
+        kernels in interpret mode, any backend; tests). The same math in the same precision:
+        forward values and gradients equal up to fp32 rounding (a resume may switch it). The
+        norms took ~226 ms of the 350M GDN step's 2,304 on the H100 (MOSAIC_GPU.md Sec. 46);
+        ``"xla"`` until an A/B of the step on a card decides (MOSAIC_GPU.md Sec. 47).
       attention: settings of ``"attn"`` and ``"attn_nope"`` layers.
       gdn: settings of ``"gdn"`` layers.
       deltanet: settings of ``"deltanet"`` layers.
@@ -718,6 +731,7 @@ class ModelConfig:
     remat_policy: str = "nothing_saveable"
     split_projections: bool = False
     swiglu_packed: bool = False
+    norm_implementation: str = "xla"
     attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
     gdn: GatedDeltaNetConfig = dataclasses.field(default_factory=GatedDeltaNetConfig)
     deltanet: DeltaNetConfig = dataclasses.field(default_factory=DeltaNetConfig)
@@ -763,6 +777,11 @@ class ModelConfig:
         if "attn" in self.layer_pattern and self.attention.rope_theta is not None:
             _require(self.attention_head_dim % 2 == 0,
                      _odd_rope_head_dim(self.d_model, self.attention, "attention"))
+        _require(
+            self.norm_implementation in NORM_IMPLEMENTATIONS,
+            f"model.norm_implementation={self.norm_implementation!r}; choose from "
+            f"{', '.join(NORM_IMPLEMENTATIONS)}",
+        )
         _require(
             self.remat_policy in REMAT_POLICIES,
             f"model.remat_policy={self.remat_policy!r}; choose from {', '.join(REMAT_POLICIES)}",

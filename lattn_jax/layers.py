@@ -14,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lattn_jax import context_parallel
+from lattn_jax import context_parallel, sharding
+from lattn_jax.config import NORM_IMPLEMENTATIONS
 from lattn_jax.causal_conv import causal_conv1d
 from lattn_jax.typing import Array
-from pallas_kernels.common import validation
+from pallas_kernels.common import rms_norm_gpu, validation
 
 
 def normal_init(std: float):
@@ -35,15 +36,43 @@ class RMSNorm(nnx.Module):
       dim: size of the normalised (last) axis.
       eps: added to the mean square.
       param_dtype: dtype of ``scale``.
+      implementation: ``"xla"`` (:func:`rms_norm`), ``"pallas"`` (the one-pass Pallas GPU
+        kernels of ``pallas_kernels.common.rms_norm_gpu``; needs a GPU backend) or
+        ``"pallas_interpret"`` (the same kernels in Pallas interpret mode, any backend; tests).
+        The same math in the same precision (``ModelConfig.norm_implementation``).
+
+    Raises:
+      ValueError: for an ``implementation`` not in ``lattn_jax.config.NORM_IMPLEMENTATIONS``,
+        ``"pallas"`` called off a GPU backend, or a Pallas implementation called under an
+        active mesh of more than one device (the kernels are not yet wrapped in ``shard_map``).
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, param_dtype=jnp.float32):
+    def __init__(self, dim: int, *, eps: float = 1e-5, param_dtype=jnp.float32,
+                 implementation: str = "xla"):
+        if implementation not in NORM_IMPLEMENTATIONS:
+            raise ValueError(f"RMSNorm implementation={implementation!r}; choose from "
+                             f"{', '.join(NORM_IMPLEMENTATIONS)}")
         self.eps = eps
+        self.implementation = implementation
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
 
     def __call__(self, x: Array) -> Array:
-        """``x``: ``[..., dim]`` any float dtype -> same shape and dtype (:func:`rms_norm`)."""
-        return rms_norm(x, self.scale[...], self.eps)
+        """``x``: ``[..., dim]`` any float dtype -> same shape and dtype (:func:`rms_norm`, or
+        ``rms_norm_gpu.rms_norm_pallas`` for the Pallas implementations)."""
+        if self.implementation == "xla":
+            return rms_norm(x, self.scale[...], self.eps)
+        if self.implementation == "pallas" and jax.default_backend() != "gpu":
+            raise ValueError(f"RMSNorm implementation='pallas' (model.norm_implementation) needs "
+                             f"a GPU backend, not {jax.default_backend()!r}; use 'xla' or "
+                             f"'pallas_interpret'")
+        mesh = sharding.active_mesh()
+        if mesh is not None and mesh.size > 1:
+            # The kernels see whole arrays: GSPMD would gather a sharded x for them.
+            raise ValueError(f"RMSNorm implementation={self.implementation!r} "
+                             f"(model.norm_implementation) runs on one device only (not yet in "
+                             f"shard_map); the active mesh has {mesh.size} devices: use 'xla'")
+        return rms_norm_gpu.rms_norm_pallas(x, self.scale[...], self.eps,
+                                            interpret=self.implementation == "pallas_interpret")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

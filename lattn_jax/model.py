@@ -23,6 +23,7 @@ routed checkpoint as its host; spec §8 warns that CLVR checkpoints depend on th
 is part of the architecture and stays on.
 """
 
+import functools
 import math
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -67,9 +68,11 @@ class Block(nnx.Module):
         dt = jnp.dtype(model_config.dtype)
         d = model_config.d_model
         self.mixer_name = mixer_name
-        self.mixer_norm = layers.RMSNorm(d, eps=model_config.norm_eps, param_dtype=pdt)
+        norm = functools.partial(layers.RMSNorm, d, eps=model_config.norm_eps, param_dtype=pdt,
+                                 implementation=model_config.norm_implementation)
+        self.mixer_norm = norm()
         self.mixer = mixers.build_mixer(mixer_name, model_config, rngs=rngs)
-        self.mlp_norm = layers.RMSNorm(d, eps=model_config.norm_eps, param_dtype=pdt)
+        self.mlp_norm = norm()
         self.mlp = layers.SwiGLU(
             d, model_config.mlp_hidden, std=model_config.init_std,
             out_std=model_config.init_std / math.sqrt(2 * model_config.num_layers),
@@ -218,7 +221,8 @@ class LanguageModel(nnx.Module):
             [Block(name, model_config, rngs=rngs, layer_index=i)
              for i, name in enumerate(model_config.layer_pattern)])
         self.final_norm = layers.RMSNorm(model_config.d_model, eps=model_config.norm_eps,
-                                         param_dtype=pdt)
+                                         param_dtype=pdt,
+                                         implementation=model_config.norm_implementation)
         if model_config.tie_embeddings:
             self.head = None
         else:

@@ -2448,10 +2448,10 @@ def starts_over(workdir: str, retry_failed: bool = False) -> bool:
 # this machine's settings that an ``--override`` may change between calls
 # (:data:`RESUME_FREE_FIELDS`), and three the trainer lets change on resume: the same
 # parameters computed with the same values (lattn_jax.train._RESUMABLE_MODEL_OPTIONS'
-# split_projections and swiglu_packed) and a limit on unreadable records a run passed
-# (_RESUMABLE_DATA_OPTIONS' max_bad_fraction).
+# split_projections, swiglu_packed and norm_implementation) and a limit on unreadable records a
+# run passed (_RESUMABLE_DATA_OPTIONS' max_bad_fraction).
 CONFIG_FREE_FIELDS = RESUME_FREE_FIELDS + ("model.split_projections", "model.swiglu_packed",
-                                           "data.max_bad_fraction")
+                                           "model.norm_implementation", "data.max_bad_fraction")
 _MAX_SHOWN_FIELDS = 3  # fields named per run in config_changes' lines
 
 

@@ -967,9 +967,10 @@ def plot_losses(workdir: str) -> Optional[str]:
 # it). Every other data option changes which batch comes next.
 _RESUMABLE_DATA_OPTIONS = ("max_val_batches", "max_bad_fraction")
 # Model options that change how the same parameters are computed with, not the parameters
-# (split_projections and swiglu_packed: the same products formed otherwise, the same values).
+# (split_projections and swiglu_packed: the same products formed otherwise, the same values;
+# norm_implementation: the same norms by XLA or by Pallas kernels, equal up to fp32 rounding).
 _RESUMABLE_MODEL_OPTIONS = ("dtype", "remat", "remat_policy", "split_projections",
-                            "swiglu_packed")
+                            "swiglu_packed", "norm_implementation")
 # Optimizer options that can change the optimizer state's pytree (a checkpoint restores only
 # into the layout that wrote it), with their values for a config.json older than the option.
 # Whether a change of one does is decided by _optim_layout_diffs: grad_clip only between 0 and

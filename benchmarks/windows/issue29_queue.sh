@@ -64,6 +64,8 @@
 #               then KDA S1 and S2 fwd+bwd against jla
 #   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
 #               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
+#   norm_ab 520   Sec. 47: the same step with --set=model.norm_implementation=xla then =pallas
+#               (the one-pass Pallas RMSNorm kernels, pallas_kernels/common/rms_norm_gpu.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
 # cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
@@ -93,7 +95,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
-  kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;;
+  kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 520;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -355,6 +357,20 @@ run_swiglu() {  # Sec. 46.2/47.3: the 350M GDN-pure step, packed SwiGLU off then
     echo "swiglu_packed=$v rc=$? t=$((SECONDS-s))s"
     grep -a -h -E '^\| ' $O/swiglu/$v.md | head -8 | cut -c1-220
     grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED' $O/swiglu/$v.log | sort -u | head -2
+  done
+}
+
+run_norm_ab() {  # Sec. 46/47: the 350M GDN-pure step, RMSNorm by XLA then by Pallas (A/B)
+  mkdir -p $O/norm_ab; local s=$SECONDS v
+  for v in xla pallas; do
+    timeout 250 python3 benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
+      --batch=128 --warmup=1 --iters=3 --trace_steps=1 --top=80 \
+      --set=train.micro_batch_size=${TP_MB:-8} --set=model.gdn.implementation=auto \
+      --set=model.norm_implementation=$v --out=$O/norm_ab/$v > $O/norm_ab/$v.log 2>&1
+    echo "norm_implementation=$v rc=$? t=$((SECONDS-s))s"
+    grep -a -h -E '^\| ' $O/norm_ab/$v.md | head -8 | cut -c1-220
+    grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED|rms_norm' $O/norm_ab/$v.log | sort -u \
+      | head -4 | cut -c1-220
   done
 }
 

@@ -177,9 +177,11 @@ class Attention(nnx.Module):
                                      param_dtype=param_dtype)
         if cfg.qk_norm:
             self.q_norm = layers.RMSNorm(self.head_dim, eps=model_config.norm_eps,
-                                         param_dtype=param_dtype)
+                                         param_dtype=param_dtype,
+                                         implementation=model_config.norm_implementation)
             self.k_norm = layers.RMSNorm(self.head_dim, eps=model_config.norm_eps,
-                                         param_dtype=param_dtype)
+                                         param_dtype=param_dtype,
+                                         implementation=model_config.norm_implementation)
         else:
             self.q_norm = self.k_norm = None
 

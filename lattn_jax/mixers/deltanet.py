@@ -69,7 +69,9 @@ class DeltaNet(nnx.Module):
                                     split_products=model_config.split_projections)
         self.conv = layers.ShortConv(2 * self.qk_dim + self.v_dim, cfg.conv_width, rngs=rngs,
                                      dtype=self.dtype, param_dtype=param_dtype)
-        self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
+        self.o_norm = layers.RMSNorm(
+            cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype,
+            implementation=model_config.norm_implementation)
         out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=param_dtype)

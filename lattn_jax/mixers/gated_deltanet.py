@@ -84,7 +84,9 @@ class GatedDeltaNet(nnx.Module):
         a = jax.random.uniform(rngs.params(), (cfg.num_v_heads,), jnp.float32, 1.0, 16.0)
         self.A_log = nnx.Param(jnp.log(a))
         self.dt_bias = nnx.Param(jnp.ones((cfg.num_v_heads,), jnp.float32))
-        self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
+        self.o_norm = layers.RMSNorm(
+            cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype,
+            implementation=model_config.norm_implementation)
         out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=param_dtype)

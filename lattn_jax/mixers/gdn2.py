@@ -92,7 +92,9 @@ class GatedDeltaNet2(nnx.Module):
         self.A_log = nnx.Param(kda.a_log_init(rngs.params(), (cfg.num_k_heads,)))
         self.dt_bias = nnx.Param(kda.mamba_dt_bias(rngs.params(), (self.qk_dim,), cfg.dt_min,
                                                    cfg.dt_max, cfg.dt_floor))
-        self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
+        self.o_norm = layers.RMSNorm(
+            cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype,
+            implementation=model_config.norm_implementation)
         out_std = std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, **dense)
 

@@ -105,7 +105,9 @@ class KimiDeltaAttention(nnx.Module):
         self.A_log = nnx.Param(a_log_init(rngs.params(), (cfg.num_v_heads,)))
         self.dt_bias = nnx.Param(mamba_dt_bias(rngs.params(), (cfg.num_v_heads * cfg.head_k_dim,),
                                                cfg.dt_min, cfg.dt_max, cfg.dt_floor))
-        self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
+        self.o_norm = layers.RMSNorm(
+            cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype,
+            implementation=model_config.norm_implementation)
         out_std = std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, **dense)
 

@@ -93,14 +93,17 @@ class LightningAttention(nnx.Module):
             self.conv = None
         if cfg.qk_norm:
             self.q_norm = layers.RMSNorm(self.head_dim, eps=model_config.norm_eps,
-                                         param_dtype=param_dtype)
+                                         param_dtype=param_dtype,
+                                         implementation=model_config.norm_implementation)
             self.k_norm = layers.RMSNorm(self.head_dim, eps=model_config.norm_eps,
-                                         param_dtype=param_dtype)
+                                         param_dtype=param_dtype,
+                                         implementation=model_config.norm_implementation)
         else:
             self.q_norm = self.k_norm = None
         if cfg.output_norm:
             self.o_norm = layers.RMSNorm(q_width, eps=model_config.norm_eps,
-                                         param_dtype=param_dtype)
+                                         param_dtype=param_dtype,
+                                         implementation=model_config.norm_implementation)
         else:
             self.o_norm = None
         if cfg.output_gate:

@@ -63,7 +63,9 @@ class LinearAttention(nnx.Module):
                                          dtype=self.dtype, param_dtype=param_dtype)
         else:
             self.conv = None
-        self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
+        self.o_norm = layers.RMSNorm(
+            cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype,
+            implementation=model_config.norm_implementation)
         out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=param_dtype)

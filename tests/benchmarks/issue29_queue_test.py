@@ -27,7 +27,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
-         "swiglu k2floor").split()
+         "swiglu k2floor norm_ab").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -214,18 +214,25 @@ class Issue29QueueTest(absltest.TestCase):
         self.assertIn("pallas", config_lib._DELTA_IMPLEMENTATIONS)
 
     def test_stepprof_profiles_the_tp350_step_with_the_mosaic_kernels(self):
-        # stepprof's one call, then swiglu's two (the same command with --swiglu_packed off, on)
+        # stepprof's one call, then swiglu's two (the same command with --swiglu_packed off,
+        # on), then norm_ab's two (the same command with model.norm_implementation xla, pallas)
         argvs = self._calls("benchmarks/profile_train_step.py")
-        self.assertLen(argvs, 3)
+        self.assertLen(argvs, 5)
+        norms = []
         for argv in argvs:
             result = _python(_ARGPARSE, ["benchmarks/profile_train_step.py"] + argv)
             self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
             sets = [a.split("=", 1)[1] for a in argv if a.startswith("--set=")]
-            self.assertEqual(sets, ["train.micro_batch_size=8", "model.gdn.implementation=auto"])
+            self.assertEqual(sets[:2], ["train.micro_batch_size=8",
+                                        "model.gdn.implementation=auto"])
+            norms.append(sets[2:])
             self.assertIn("--batch=128", argv)  # tp350's global batch
         self.assertEqual([[a for a in argv if a.startswith("--swiglu")] for argv in argvs],
-                         [[], ["--swiglu_packed=off"], ["--swiglu_packed=on"]])
+                         [[], ["--swiglu_packed=off"], ["--swiglu_packed=on"], [], []])
+        self.assertEqual(norms, [[], [], [], ["model.norm_implementation=xla"],
+                                 ["model.norm_implementation=pallas"]])
         self.assertIn("auto", config_lib._DELTA_IMPLEMENTATIONS)
+        self.assertContainsSubset(("xla", "pallas"), config_lib.NORM_IMPLEMENTATIONS)
 
     def test_profile_fwd_flags_parse(self):
         parsed = self._one_call_parsed("benchmarks/profile_fwd.py", _PROFILE_FWD)  # prof_split

@@ -244,6 +244,16 @@ class ProfileTrainStepTest(absltest.TestCase):
             self.assertIs(cfg.model.swiglu_packed, want, flag)
             self.assertIs(cfg.model.split_projections, False)
 
+    def test_norm_implementation_by_set(self):
+        # --set=model.norm_implementation=xla|pallas: the one-pass Pallas RMSNorm A/B
+        # (MOSAIC_GPU.md Sec. 47; issue29_queue.sh's norm_ab); absent, the preset's xla.
+        for flag, want in (([], "xla"), (["--set=model.norm_implementation=pallas"], "pallas"),
+                           (["--set=model.norm_implementation=xla"], "xla")):
+            args = pts.parse_args(["--tiny", "--batch=2", "--length=64"] + flag)
+            cfg = pts.bench_train.experiment_config(args.preset, args.opt, tiny=True,
+                                                    overrides=pts.config_overrides(args))
+            self.assertEqual(cfg.model.norm_implementation, want, flag)
+
     @pytest.mark.slow  # ~55 s on 2 cores
     def test_tiny_cpu_run(self):
         payload = pts.main(["--tiny", "--batch=2", "--length=64", "--iters=1", "--warmup=1",
@@ -252,11 +262,13 @@ class ProfileTrainStepTest(absltest.TestCase):
             self.assertGreater(payload["ms"][part], 0.0)
         self.assertEqual(payload["device_ms_per_step_by_class"], {})  # CPU: no device plane
         self.assertEqual(payload["model_options"],
-                         dict(split_projections=True, swiglu_packed=True))
+                         dict(split_projections=True, swiglu_packed=True,
+                              norm_implementation="xla"))
         self.assertIs(payload["settings"]["swiglu_packed"], True)
         md = pts.markdown(payload)
         self.assertIn("| optimizer |", md)
-        self.assertIn("Model options: model.split_projections=on, model.swiglu_packed=on.", md)
+        self.assertIn("Model options: model.split_projections=on, model.swiglu_packed=on, "
+                      "model.norm_implementation=xla.", md)
 
 
 if __name__ == "__main__":

@@ -310,6 +310,43 @@ class ModelTest(parameterized.TestCase):
             fc1 = g1["blocks"][0]["mlp"]["fc1"]["kernel"]
             self.assertGreater(float(jnp.abs(fc1).min()), 0.0)
 
+    def test_pallas_norms_same_params_values_and_gradients(self):
+        # model.norm_implementation="pallas_interpret" runs every RMSNorm (the blocks', the
+        # final one, GDN's o_norm, attention's q/k norms) by the Pallas kernels of
+        # pallas_kernels/common/rms_norm_gpu.py in interpret mode: the same parameters and, up
+        # to fp32 rounding, the same logits and gradients as "xla".
+        tokens = _tokens(7, (2, 16))
+        pattern = ("gdn", "attn")
+
+        def logits_and_grads(implementation):
+            cfg = tiny_config(pattern, norm_implementation=implementation)
+            cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention,
+                                                                         qk_norm=True))
+            model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))
+            norms = [model.final_norm, model.blocks[0].mixer.o_norm,
+                     model.blocks[1].mixer.q_norm] + [n for b in model.blocks
+                                                      for n in (b.mixer_norm, b.mlp_norm)]
+            self.assertEqual({n.implementation for n in norms}, {implementation})
+            graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+            def loss(p):
+                logits = nnx.merge(graph, p, rest)(tokens)
+                picked = jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[..., None], -1)
+                return -jnp.mean(picked[..., 0]), logits
+
+            return params, jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+        p0, ((_, y0), g0) = logits_and_grads("xla")
+        p1, ((_, y1), g1) = logits_and_grads("pallas_interpret")
+        jax.tree_util.tree_map(np.testing.assert_array_equal, p0, p1)
+        np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
+        leaves0, leaves1 = jax.tree_util.tree_leaves(g0), jax.tree_util.tree_leaves(g1)
+        self.assertLen(leaves1, len(leaves0))
+        for a, b in zip(leaves1, leaves0):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b))))
+        scale = g1["final_norm"]["scale"]
+        self.assertGreater(float(jnp.abs(scale).min()), 0.0)
+
     def test_tied_embeddings_share_the_matrix(self):
         tied = model_lib.LanguageModel(tiny_config(PATTERNS["dense"], tie_embeddings=True),
                                        rngs=nnx.Rngs(0))

@@ -1742,6 +1742,7 @@ class ConfigChangeTest(_DriverCallTestCase):
             del config["optim"]["flatten"]
             del config["train"]["loss_chunk_size"]
             del config["model"]["swiglu_packed"]
+            del config["model"]["norm_implementation"]
 
         self.record_resolved(older_trainer)
         # Another machine: the corpus elsewhere (its paths are in data.paths / val_paths).
@@ -1754,7 +1755,8 @@ class ConfigChangeTest(_DriverCallTestCase):
                                               local_args=("corpus",)), {})
         # Not a local argument: the paths differ. An option added since, at another value than
         # it had before it existed: a change. Resume-free fields are none (model.swiglu_packed,
-        # like split_projections, computes the same parameters with the same values).
+        # like split_projections and norm_implementation, computes the same parameters with
+        # the same values).
         self.assertEqual(
             sweep.config_changes(runs[:1], self.sweep_root, config_path=config_path),
             {self.names[0]: f"data.paths {[os.path.join(self.corpora[0], 'train')]!r} -> "
@@ -1767,6 +1769,7 @@ class ConfigChangeTest(_DriverCallTestCase):
                                  extra_overrides=(("optim.flatten", True),
                                                   ("data.max_bad_fraction", 0.5),
                                                   ("model.swiglu_packed", True),
+                                                  ("model.norm_implementation", "pallas"),
                                                   ("model.split_projections", True),
                                                   ("train.micro_batch_size", 1))),
             {self.names[0]: "optim.flatten False -> True"})

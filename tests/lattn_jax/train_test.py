@@ -395,6 +395,12 @@ class ResumeChecksTest(absltest.TestCase):
                 base.model, swiglu_packed=packed, split_projections=split))
             self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
                              ["train.total_steps (1 -> 2)"], (packed, split))
+        # norm_implementation: the same norms by XLA or by the Pallas kernels (the check only:
+        # "pallas" needs a GPU to train on).
+        cfg = dataclasses.replace(base, model=dataclasses.replace(
+            base.model, norm_implementation="pallas"))
+        self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
+                         ["train.total_steps (1 -> 2)"])
         # A config.json written before the option: nothing to compare either.
         _drop_recorded_option(workdir, "model", "swiglu_packed")
         cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, swiglu_packed=True))
