@@ -697,7 +697,7 @@ class ModelConfig:
         ``x`` and ``dy`` once in the backward; needs a GPU) or ``"pallas_interpret"`` (the same
         kernels in interpret mode, any backend; tests). The same math in the same precision:
         forward values and gradients equal up to fp32 rounding (a resume may switch it). The
-        norms took ~226 ms of the 350M GDN step's 2,304 on the H100 (MOSAIC_GPU.md Sec. 46);
+        norms took ~226 ms of the 350M GDN step's 2,354 on the H100 (MOSAIC_GPU.md Sec. 46);
         ``"xla"`` until an A/B of the step on a card decides (MOSAIC_GPU.md Sec. 47).
       attention: settings of ``"attn"`` and ``"attn_nope"`` layers.
       gdn: settings of ``"gdn"`` layers.

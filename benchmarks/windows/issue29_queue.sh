@@ -64,7 +64,7 @@
 #               then KDA S1 and S2 fwd+bwd against jla
 #   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
 #               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
-#   norm_ab 520   Sec. 47: the same step with --set=model.norm_implementation=xla then =pallas
+#   norm_ab 600   Sec. 47.7: rms_norm_gpu_test's gpu tests, then the same step with --set=model.norm_implementation=xla then =pallas
 #               (the one-pass Pallas RMSNorm kernels, pallas_kernels/common/rms_norm_gpu.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
@@ -75,12 +75,13 @@
 # benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d}.md); name
 # items to run others.
 # Order (after 2026-12-07d): KDA and GDN-2 against jla with K2 taking dg through g's floor
-# (kda_dvw; decision rule in Sec. 47.5), the 350M throughput (tp350; TP_MB=16 on an H200),
-# DeltaNet's auto decision (autooff_dn). cw_state, cw_tests and the rest by name.
+# (kda_dvw; decision rule in Sec. 47.5), the Pallas RMSNorm A/B on the 350M step (norm_ab,
+# Sec. 47.7), the 350M throughput (tp350; TP_MB=16 on an H200). autooff_dn (DeltaNet's auto
+# decision), cw_state, cw_tests and the rest by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-kda_dvw tp350 autooff_dn}
+ITEMS=${*:-kda_dvw norm_ab tp350}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -95,7 +96,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
-  kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 520;;
+  kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 600;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -360,8 +361,14 @@ run_swiglu() {  # Sec. 46.2/47.3: the 350M GDN-pure step, packed SwiGLU off then
   done
 }
 
-run_norm_ab() {  # Sec. 46/47: the 350M GDN-pure step, RMSNorm by XLA then by Pallas (A/B)
+run_norm_ab() {  # Sec. 47.7: the 350M GDN-pure step, RMSNorm by XLA then by Pallas (A/B)
   mkdir -p $O/norm_ab; local s=$SECONDS v
+  # the kernels' gpu tests first (compiled against layers.rms_norm); the A/B only if they pass
+  timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider $T/rms_norm_gpu_test.py \
+    > $O/norm_ab/gpu_tests.log 2>&1
+  local rc=$?; echo "gpu tests rc=$rc t=$((SECONDS-s))s"
+  tail -3 $O/norm_ab/gpu_tests.log | cut -c1-220
+  [ $rc -eq 0 ] || return
   for v in xla pallas; do
     timeout 250 python3 benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
       --batch=128 --warmup=1 --iters=3 --trace_steps=1 --top=80 \

@@ -11,7 +11,7 @@ rounded once to ``x.dtype``: the same quantities, in the same precision, as the 
 
 Why: XLA cannot fuse a row reduction with the broadcasting consumer that follows it, so its
 forward reads ``x`` twice and its backward reads ``x`` and ``dy`` about twice; on the 350M
-GDN step (H100, 2026-12-07c) the norms took ~226 ms of 2,304 (MOSAIC_GPU.md Sec. 46). These
+GDN step (H100, 2026-12-07c) the norms took ~226 ms of 2,354 (MOSAIC_GPU.md Sec. 46). These
 kernels read each input once:
 
 * forward (``rms_norm_fwd``): one program per :func:`block_rows` rows, whole rows of ``D``

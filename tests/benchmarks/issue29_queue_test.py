@@ -177,8 +177,8 @@ class Issue29QueueTest(absltest.TestCase):
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
         # the order after 2026-12-07d (MOSAIC_GPU.md Sec. 47): KDA and GDN-2 against jla with
-        # K2's floor (Sec. 47.5's rule), the 350M throughput, DeltaNet's auto decision
-        self.assertEqual(default, ["kda_dvw", "tp350", "autooff_dn"])
+        # K2's floor (Sec. 47.5's rule), the Pallas RMSNorm A/B, the 350M throughput
+        self.assertEqual(default, ["kda_dvw", "norm_ab", "tp350"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
@@ -263,7 +263,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
-        self.assertLen(argvs, 3)  # t0glue, vk, split2
+        self.assertLen(argvs, 4)  # t0glue, vk, split2, norm_ab
         for argv in argvs:
             keep, i = [], 0
             while i < len(argv):
