@@ -2073,6 +2073,7 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
                     disable=None if jax.process_index() == 0 else True)
     t_last = time.perf_counter()
     steps_since = 0
+    paused = 0.0  # seconds of evaluation and checkpointing inside the current logging window
     first_step = True
     last_saved = resumed_from
     preempted = False
@@ -2126,6 +2127,7 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
                     # Exclude the compilation from the throughput window.
                     jax.block_until_ready(metrics)
                     t_last, steps_since, first_step = time.perf_counter(), 0, False
+                    paused = 0.0
                 else:
                     steps_since += 1
                 window_losses.append((step, metrics["loss"], metrics["finite"]))
@@ -2137,11 +2139,11 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
                     now = time.perf_counter()
                     step_time = tok_s = mfu = None
                     if steps_since:
-                        step_time = (now - t_last) / steps_since
+                        step_time = (now - t_last - paused) / steps_since
                         tok_s = tokens_per_step / step_time
                         if peak:
                             mfu = tok_s * flops_per_token / (peak * jax.device_count())
-                    t_last, steps_since = now, 0
+                    t_last, steps_since, paused = now, 0, 0.0
                     last_train_loss = loss
                     window_losses = []
                     postfix = {"loss": f"{loss:.3f}"}
@@ -2159,6 +2161,14 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
                              f"{float(metrics['grad_norm']):.3f}{speed}{skip_text}")
                 bar.update(1)
                 eval_now = step % tcfg.eval_every == 0 and step != tcfg.total_steps
+                save_now = step % tcfg.checkpoint_every == 0 and step != tcfg.total_steps
+                pause = eval_now or save_now
+                if pause:
+                    # Evaluation and checkpointing are not training: their time stays out of
+                    # the throughput window (tokens/s, step time, MFU). The steps queued
+                    # before them are waited for first, so their time stays in.
+                    jax.block_until_ready(metrics)
+                    pause_start = time.perf_counter()
                 if eval_now:
                     phase = f"evaluation at step {step}"
                     # A SIGTERM / SIGHUP / Ctrl-C during it ends it (single process: the others
@@ -2170,8 +2180,10 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
                     else:
                         val_loss = loss_now
                         print_fn(f"step {step:5d}  val_loss {val_loss:.4f}")
-                if step % tcfg.checkpoint_every == 0 and step != tcfg.total_steps:
+                if save_now:
                     last_saved = save(step, {"val_loss": val_loss} if eval_now else None)
+                if pause:
+                    paused += time.perf_counter() - pause_start
                 preempt = watcher.requested or (
                     jax.process_count() > 1 and ckpt.reached_preemption(step))
                 if preempt and watcher.signal_name is None and watcher.multi_process:

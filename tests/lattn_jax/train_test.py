@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from unittest import mock
 
 import numpy as np
@@ -298,6 +299,37 @@ class TrainTest(CorpusTestCase):
             records = [json.loads(line) for line in f]
         self.assertGreater(len(records), 3)
         self.assertEqual([r["step"] for r in records if "val_loss" in r].count(6), 1)
+
+    def test_throughput_leaves_out_evaluation_and_checkpoint_time(self):
+        # Newcomer finding (2026-12-07d): the window after an evaluation or a save counted
+        # its time as training (25 tok/s printed where the steps ran at ~2,000). A fake clock
+        # that jumps 1,000 s in every evaluation and every save: no step time may see it.
+        offset = [0.0]
+        real_clock = time.perf_counter
+
+        def clock():
+            return real_clock() + offset[0]
+
+        def jump(real):
+            def wrapped(*args, **kwargs):
+                offset[0] += 1000.0
+                return real(*args, **kwargs)
+            return wrapped
+
+        workdir = os.path.join(self.tmp, "clock")
+        cfg = tiny_experiment(self.corpus, total_steps=8, eval_every=2, checkpoint_every=4,
+                              log_every=2)
+        with mock.patch.object(train.time, "perf_counter", clock), \
+                mock.patch.object(train.Trainer, "evaluate_counts",
+                                  jump(train.Trainer.evaluate_counts)), \
+                mock.patch.object(train.checkpoint_lib.Checkpointer, "save",
+                                  jump(train.checkpoint_lib.Checkpointer.save)):
+            train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertGreaterEqual(offset[0], 5000.0)  # three evaluations, two saves at least
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            times = [r["step_time"] for r in map(json.loads, f) if r.get("step_time")]
+        self.assertGreaterEqual(len(times), 3)
+        self.assertLess(max(times), 100.0, times)
 
     def test_resume_refuses_a_different_model(self):
         workdir = os.path.join(self.tmp, "c")
