@@ -2319,12 +2319,16 @@ def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) ->
 # (:func:`changed_overrides`).
 RESUME_FREE_FIELDS = ("train.max_steps_per_run", "train.micro_batch_size", "train.tensorboard",
                       "train.keep_checkpoints", "train.checkpoint_every", "model.remat",
-                      "model.remat_policy")
+                      "model.remat_policy", "model.split_projections", "model.swiglu_packed",
+                      "model.norm_implementation")
 
 
 def _flag_value(text: str) -> Any:
     """A ``--config.<field>=`` text as a value to compare (``1e-3`` equals ``0.001``, ``64``
-    equals ``64.0``); a text that is no Python literal stays itself."""
+    equals ``64.0``, ``true`` / ``false`` in any case equal ``True`` / ``False``, as the
+    trainer's boolean flags read them); a text that is no Python literal stays itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -2445,13 +2449,12 @@ def starts_over(workdir: str, retry_failed: bool = False) -> bool:
 
 # Fields of a run's recorded experiment config that may differ from what its training config
 # resolves to now without its records standing for another experiment (:func:`config_changes`):
-# this machine's settings that an ``--override`` may change between calls
-# (:data:`RESUME_FREE_FIELDS`), and three the trainer lets change on resume: the same
-# parameters computed with the same values (lattn_jax.train._RESUMABLE_MODEL_OPTIONS'
-# split_projections, swiglu_packed and norm_implementation) and a limit on unreadable records a
-# run passed (_RESUMABLE_DATA_OPTIONS' max_bad_fraction).
-CONFIG_FREE_FIELDS = RESUME_FREE_FIELDS + ("model.split_projections", "model.swiglu_packed",
-                                           "model.norm_implementation", "data.max_bad_fraction")
+# the settings an ``--override`` may change between calls (:data:`RESUME_FREE_FIELDS`: this
+# machine's, and how the same parameters' products are computed with the same values,
+# lattn_jax.train._RESUMABLE_MODEL_OPTIONS' remat, split_projections, swiglu_packed and
+# norm_implementation), and a limit on unreadable records a run passed
+# (_RESUMABLE_DATA_OPTIONS' max_bad_fraction).
+CONFIG_FREE_FIELDS = RESUME_FREE_FIELDS + ("data.max_bad_fraction",)
 _MAX_SHOWN_FIELDS = 3  # fields named per run in config_changes' lines
 
 

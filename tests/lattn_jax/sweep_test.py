@@ -1488,8 +1488,8 @@ class ChangedOverrideTest(_DriverCallTestCase):
         super().setUp()
         self.repo = _stand_in_repo(self.root, (
             "dict(train=dict(total_steps=4, eval_every=2, checkpoint_every=2, "
-            "keep_checkpoints=1, max_steps_per_run=None), model=dict(d_model=64), "
-            "fake=dict(mode='ok'))"))
+            "keep_checkpoints=1, max_steps_per_run=None), model=dict(d_model=64, "
+            "swiglu_packed=False), fake=dict(mode='ok'))"))
         self.config = dict(name="demo", train_config="configs/fake.py", arg=(),
                            grid=((("train.eval_every", (1, 2)),),), seed_axis=None)
         self.sweep_root = os.path.join(self.root, "sweep")
@@ -1519,11 +1519,19 @@ class ChangedOverrideTest(_DriverCallTestCase):
         # the finished runs are skipped.
         for options in (dict(), dict(only=[self.names[0]]),
                         dict(overrides=["model.d_model=64", "train.max_steps_per_run=2",
-                                        "train.keep_checkpoints=3"])):
+                                        "train.keep_checkpoints=3",
+                                        "model.swiglu_packed=true"])):
             with self.subTest(options):
                 self.assertEqual(self.call(**options), 0)
                 self.assertIn(f"--- {self.names[0]}: finished, skipped", self.lines)
         self.assertLen(sweep.read_jsonl(os.path.join(self.sweep_root, "sweep.jsonl")), 4)
+
+    def test_flag_values_compare_as_the_trainer_reads_them(self):
+        # "true" was compared as a string with a bool default: a change (newcomer, 12-07d).
+        for text, value in (("true", True), ("False", False), ("TRUE", True), ("1e-3", 0.001),
+                            ("64", 64), ("(1, 2)", (1, 2)), ("gdn", "gdn")):
+            self.assertEqual(sweep._flag_value(text), value, text)
+            self.assertIs(type(sweep._flag_value(text)), type(value), text)
 
     def test_a_dropped_override_is_a_change_too(self):
         self.assertEqual(self.call(overrides=["model.d_model=32"], only=[self.names[0]]), 0)
