@@ -48,6 +48,18 @@ def get_config(arg=None):
                        output_gate=arg.pattern != "dense", qk_norm=False),
         gdn=dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32, conv_width=4,
                  chunk_size=64, implementation="auto", norm_eps=1e-5),
+        # The other linear mixers at gdn's size (DeltaNet and linear attention as paper 1
+        # sizes them against GDN: half the value heads, twice the value width), so that a
+        # --config.model.layer_pattern naming them compares like with like; without these
+        # sections they took ModelConfig's 350M-scale defaults, 2-2.5x gdn's parameters here.
+        deltanet=dict(num_k_heads=2, num_v_heads=2, head_k_dim=32, head_v_dim=64,
+                      chunk_size=64, implementation="auto"),
+        kda=dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32, chunk_size=64,
+                 implementation="auto"),
+        gdn2=dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32, chunk_size=64,
+                  implementation="auto"),
+        linear_attn=dict(num_k_heads=2, num_v_heads=2, head_k_dim=32, head_v_dim=64,
+                         chunk_size=64, implementation="auto"),
     )
     config.data = common.bundled_wikitext_data(seq_len=128, batch_size=16)
     # The warm-up is a tenth of the run (20 of the 200 steps), so a shorter run

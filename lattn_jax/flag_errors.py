@@ -273,10 +273,15 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None, flag_values=No
     if isinstance(error, KeyError):
         key, _, hint = str(text).partition("\n")
         key = key.strip("'\"")
-        # Name the whole dotted option as typed (ml_collections reports only its last part).
-        typed = [a.split("=", 1)[0][2:] for a in argv
-                 if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
+        # Name the whole dotted option as typed (ml_collections reports only the part it did
+        # not find: the last, or a section the config lacks, "kda" of model.kda.chunk_size).
+        options = [a.split("=", 1)[0][2:] for a in argv if a.startswith("--config.")]
+        typed = ([o for o in options if o.endswith("." + key)]
+                 or [o for o in options if f".{key}." in o + "."])
         text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
+        if typed and not typed[0].endswith("." + key):
+            section = typed[0][len("config."):].split(f".{key}.")[0] + f".{key}"
+            text += f" (this config has no section {section})"
         if not hint.strip() and typed:
             # ml_collections looks for close names in the option's own section only.
             flag, option = typed[0].split(".", 1)
@@ -292,7 +297,19 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None, flag_values=No
     # The traceback's last line starts with the exception's class ("configs.common.ConfigArgError:
     # unknown config argument ..."): the user sees what was wrong, not the class.
     text = _EXCEPTION_PREFIX.sub("", text)
+    # absl's and Python's own words for a value of the wrong type, after "flag --x=v: ".
+    for pattern, words in _TYPE_ERRORS:
+        text = pattern.sub(words, text)
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+# (pattern, replacement) for the type errors a typed override raises while it is parsed.
+_TYPE_ERRORS = (
+    (re.compile(r"\('Non-boolean argument to boolean flag', '[^']*'\)"),
+     "not a boolean (true or false)"),
+    (re.compile(r"invalid literal for int\(\) with base 10: '[^']*'"), "not an integer"),
+    (re.compile(r"could not convert string to float: '[^']*'"), "not a number"),
+)
 
 
 def suggest_options(option: str, known, limit: int = 3) -> list:

@@ -46,6 +46,21 @@ class ConfigsTest(parameterized.TestCase):
         cfg = config_lib.experiment_from_config_dict(default.get_config(f"pattern={pattern}"))
         self.assertEqual(cfg.model.layer_pattern, default.PATTERNS[pattern])
 
+    def test_default_sizes_every_linear_mixer_like_gdn(self):
+        # Without their sections the other mixers took ModelConfig's 350M-scale heads: a
+        # pattern naming kda had twice gdn's mixer parameters (newcomer, 2026-12-07d).
+        from configs import default
+        counts = {}
+        for mixer in ("gdn", "kda", "gdn2", "deltanet", "linear_attn"):
+            cfg = default.get_config()
+            cfg.model.layer_pattern = (mixer,)
+            mcfg = config_lib.experiment_from_config_dict(cfg).model
+            model = model_lib.LanguageModel(mcfg, rngs=nnx.Rngs(0))
+            params = jax.tree.leaves(nnx.state(model, nnx.Param))
+            counts[mixer] = sum(p.size for p in params) - mcfg.vocab_size * mcfg.d_model
+        for mixer, count in counts.items():
+            self.assertLess(abs(count / counts["gdn"] - 1.0), 0.15, counts)
+
 
 class BadInputTest(absltest.TestCase):
 

@@ -237,6 +237,31 @@ class ConfigFileCodeErrorTest(parameterized.TestCase):
         self.assertEqual(flag_errors.describe_flag_error(error, argv),
                          f"flag --config={path}: unknown argument bogus")
 
+    def test_an_override_into_a_missing_section_is_named_in_full(self):
+        # ml_collections names only the section it did not find ("kda"); a newcomer read
+        # "unknown config option 'kda'" for --config.model.kda.chunk_size=32 (2026-12-07d).
+        path = self.write("import ml_collections\n\n\n"
+                          "def get_config():\n"
+                          "    return ml_collections.ConfigDict(dict(model=dict(\n"
+                          "        d_model=1, gdn=dict(chunk_size=64))))\n")
+        error, argv = self.parse(path, "--config.model.kda.chunk_size=32")
+        message = flag_errors.describe_flag_error(error, argv)
+        self.assertIn("model.kda.chunk_size", message)
+        self.assertIn("this config has no section model.kda", message)
+
+    def test_a_value_of_the_wrong_type_is_named_in_words(self):
+        path = self.write("import ml_collections\n\n\n"
+                          "def get_config():\n"
+                          "    return ml_collections.ConfigDict(dict(model=dict(\n"
+                          "        d_model=1, packed=False, eps=1e-5)))\n")
+        for override, words in (("model.packed=maybe", "not a boolean (true or false)"),
+                                ("model.d_model=12.5", "not an integer"),
+                                ("model.eps=small", "not a number")):
+            with self.subTest(override):
+                error, argv = self.parse(path, f"--config.{override}")
+                self.assertEqual(flag_errors.describe_flag_error(error, argv),
+                                 f"flag --config.{override}: {words}")
+
     def test_an_os_error_in_get_config_is_not_a_config_that_cannot_be_loaded(self):
         # ml_collections defers a config's OSError to the value's first use: it read "cannot
         # load --config=<file>: No such file or directory", as if the config file were missing.
