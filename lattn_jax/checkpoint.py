@@ -32,6 +32,7 @@ with a ``sharding``), whatever the mesh they were saved from.
 """
 
 import gc
+import errno
 import json
 import logging
 import os
@@ -413,7 +414,8 @@ def write_problem(workdir: str) -> Optional[str]:
       workdir: the run's directory (writable: the caller holds its lock file).
 
     Returns:
-      ``"cannot write the checkpoint directory <dir> (Operation not permitted)"``, or ``None``
+      ``"cannot write the checkpoint directory <dir> (Operation not permitted)"`` (or ``(it
+      exists and is not a directory)``), or ``None``
       when the probe succeeded or ``<workdir>/checkpoints`` does not exist yet (orbax creates it
       in the writable workdir).
     """
@@ -429,8 +431,13 @@ def _probe_writable(directory: str) -> None:
     """Makes and removes a directory in ``directory`` (nothing when it does not exist).
 
     Raises:
-      OSError: the system's refusal (``Operation not permitted``, ``Read-only file system``).
+      OSError: the system's refusal (``Operation not permitted``, ``Read-only file system``),
+        or ``ENOTDIR`` when ``directory`` exists and is no directory (a file named
+        ``checkpoints``: orbax printed a long traceback at start and failed at the first save
+        with a bare ``Not a directory``).
     """
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise NotADirectoryError(errno.ENOTDIR, "it exists and is not a directory", directory)
     if os.path.isdir(directory):
         os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=directory))
 

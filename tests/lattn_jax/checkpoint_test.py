@@ -188,6 +188,19 @@ class WriteErrorTest(absltest.TestCase):
                              f"cannot write the checkpoint directory {directory} (Operation "
                              f"not permitted)")
 
+    def test_write_problem_names_a_checkpoints_file(self):
+        # A plain file named checkpoints: orbax printed ~35 lines of traceback at start and the
+        # run failed at its first save with a bare "Not a directory" (newcomer, 2026-12-07d).
+        workdir = self.create_tempdir().full_path
+        path = os.path.join(workdir, "checkpoints")
+        with open(path, "w") as f:
+            f.write("not a directory")
+        self.assertEqual(checkpoint_lib.write_problem(workdir),
+                         f"cannot write the checkpoint directory {path} (it exists and is not "
+                         f"a directory)")
+        with open(path) as f:  # nothing lost
+            self.assertEqual(f.read(), "not a directory")
+
     def test_a_directory_made_read_only_since_the_start_fails_the_save_at_once(self):
         # Orbax waited 5 minutes for the step directory it could not create, then raised a
         # TimeoutError that hid the cause.
