@@ -713,9 +713,9 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_rows, dq_
         if step < len(partials) - 1:
             plgpu.commit_smem()  # the previous slab's cumsum pieces may be overwritten
         _epilogue_slab(sc, part, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, graw_ref, step=step,
-                       wg=wg,
-                       tok=tok, h=h, b=b, half=half, scale=scale, slab=slab, has_docs=has_docs,
-                       ks_channels=ks_channels, interpret=interpret, ablations=ablations)
+                       wg=wg, tok=tok, h=h, b=b, half=half, scale=scale, slab=slab,
+                       has_docs=has_docs, ks_channels=ks_channels, interpret=interpret,
+                       ablations=ablations)
 
 
 def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, graw_ref, *, step, wg,
