@@ -280,7 +280,8 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None, flag_values=No
                  or [o for o in options if f".{key}." in o + "."])
         text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
         if typed and not typed[0].endswith("." + key):
-            section = typed[0][len("config."):].split(f".{key}.")[0] + f".{key}"
+            parts = typed[0][len("config."):].split(".")
+            section = ".".join(parts[:parts.index(key) + 1])
             text += f" (this config has no section {section})"
         if not hint.strip() and typed:
             # ml_collections looks for close names in the option's own section only.

@@ -378,9 +378,9 @@ class SweepBinaryTest(absltest.TestCase):
                  # A field of the runs' experiment config given as --config.<field>: the
                  # message said only "unknown config option 'train'" (newcomer 2026-12-04).
                  (["--config.train.total_steps=3"],
-                  "error: unknown config option 'train' (--config is the sweep's config: a "
-                  "field of every run's experiment config goes in "
-                  "--override=train.total_steps=3)"),
+                  "error: unknown config option 'train.total_steps' (this config has no "
+                  "section train) (--config is the sweep's config: a field of every run's "
+                  "experiment config goes in --override=train.total_steps=3)"),
                  (["--deadline_s=-1"],  # was accepted: the root made, exit 3 ("run again")
                   "error: flag --deadline_s=-1.0: must be above 0 seconds"),
                  (["--max_runs=0"], "error: flag --max_runs=0: 0 is not a positive integer"),
