@@ -1091,6 +1091,23 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     return changed
 
 
+def _resume_free_changes(workdir: str, config: config_lib.ExperimentConfig) -> List[str]:
+    """The :data:`_RESUMABLE_MODEL_OPTIONS` whose value differs from the run's start
+    (``<workdir>/config.json``), as ``"model.<option> (a -> b)"``; ``[]`` without a readable
+    record. A resume accepts them (the same parameters, computed another way) and says so."""
+    try:
+        saved = config_lib.saved_training_config(workdir)
+    except config_lib.ConfigError:
+        return []
+    if not saved:
+        return []
+    current = config_lib.experiment_json_dict(config)["model"]
+    saved_model = saved.get("model", {})
+    return _diff({k: saved_model[k] for k in _RESUMABLE_MODEL_OPTIONS if k in saved_model},
+                 {k: current[k] for k in _RESUMABLE_MODEL_OPTIONS if k in saved_model},
+                 "model.")
+
+
 def _mark_derived(changed: List[str], derived: Mapping[str, Sequence[str]]) -> List[str]:
     """``changed`` (:func:`_diff`'s ``"option (a -> b)"`` entries) with every option that
     follows a changed option (``derived``: :func:`lattn_jax.config.derived_options`) marked
@@ -1930,6 +1947,11 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
             ckpt.restore_step(step, None)  # raises FileNotFoundError listing the steps
         changed = _check_resume_compatible(workdir, config, has_checkpoint=latest is not None,
                                            derived=derived)
+        free = _resume_free_changes(workdir, config) if latest is not None else []
+        if free and jax.process_index() == 0:
+            print_fn(f"note: resuming with {', '.join(free)}: the same parameters, computed "
+                     f"another way (config.json keeps the start's settings; invocations.jsonl "
+                     f"records this command's).")
         if changed and jax.process_index() == 0:
             print_fn(f"warning: resuming with optimizer/schedule options other than the run's "
                      f"start ({', '.join(changed)}; the start's are in config.json): the "

@@ -427,6 +427,12 @@ class ResumeChecksTest(absltest.TestCase):
                 base.model, swiglu_packed=packed, split_projections=split))
             self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
                              ["train.total_steps (1 -> 2)"], (packed, split))
+            # ... not silently (a newcomer, 2026-12-07d): the resume notes each switch.
+            self.assertEqual(train._resume_free_changes(workdir, cfg),
+                             [f"model.{name} ({old!r} -> {new!r})"
+                              for name, old, new in (("split_projections", False, split),
+                                                     ("swiglu_packed", False, packed))
+                              if old != new], (packed, split))
         # norm_implementation: the same norms by XLA or by the Pallas kernels (the check only:
         # "pallas" needs a GPU to train on).
         cfg = dataclasses.replace(base, model=dataclasses.replace(
@@ -445,6 +451,8 @@ class ResumeChecksTest(absltest.TestCase):
         warned = [x for x in lines if x.startswith("warning: resuming")]
         self.assertLen(warned, 1, lines)
         self.assertNotIn("swiglu_packed", warned[0])
+        # The start recorded no swiglu_packed (deleted above): nothing to note.
+        self.assertFalse([x for x in lines if x.startswith("note: resuming")], lines)
 
     def test_a_data_file_rebuilt_with_other_contents_is_refused_on_resume(self):
         # The corpus at the same path was rebuilt (same options, other documents): the run
