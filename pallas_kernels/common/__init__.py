@@ -13,6 +13,7 @@ from pallas_kernels.common.validation import (  # noqa: F401
     LOG_DECAY_FLOOR,
     expand_key_heads,
     floor_log_decay,
+    floor_log_decay_grad,
     l2_normalize,
     document_index,
     pad_time,

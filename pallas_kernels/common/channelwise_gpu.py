@@ -23,9 +23,9 @@ took the KDA / GDN-2 forward from 2.162 / 2.279 to 2.008 / 2.205 ms,
 ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
 returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma). g arrives
 unfloored: the gamma kernel raises it to ``LOG_DECAY_FLOOR`` on the way in and dg is taken
-through that floor by :func:`_floor_grad` (K2 does it in its epilogue), the values and
-gradients of ``validation.floor_log_decay``, which the ops' other implementations apply in XLA
-(MOSAIC_GPU.md Sec. 47.4).
+through that floor by ``validation.floor_log_decay_grad`` (K2 applies it in its epilogue): the
+values and gradients of ``validation.floor_log_decay``, which the ops' other implementations
+apply in XLA (MOSAIC_GPU.md Sec. 47.4).
 
 Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
 within-chunk cumsum of g; the algebra of :func:`pallas_kernels.common.channelwise_chunked.
@@ -758,7 +758,7 @@ def _gamma_kernel(g_ref, gam_ref, *, cfg):
     (Triton scan), one program per (chunk, head), key blocks of ``block_k`` channels. The
     floor (``validation.floor_log_decay``'s values, NaN kept) is applied here on the way in,
     not as an XLA pass over ``g`` before the op (0.17 ms at S1 on an H100, MOSAIC_GPU.md Sec.
-    47.4); its gradient is :func:`_floor_grad`."""
+    47.4); its gradient is ``validation.floor_log_decay_grad``."""
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     tsl = pl.ds(n * CHUNK, CHUNK)
@@ -768,15 +768,6 @@ def _gamma_kernel(g_ref, gam_ref, *, cfg):
         ksl = pl.ds(kb * bk, bk)
         g = g_ref[b, tsl, h, ksl]
         gam_ref[b, tsl, h, ksl] = jnp.cumsum(jnp.where(g < floor, floor, g), axis=0)
-
-
-def _floor_grad(g, dg):
-    """``dg`` (w.r.t. the floored log-decay) taken through ``max(g, LOG_DECAY_FLOOR)`` as
-    ``jax.grad`` of ``validation.floor_log_decay`` takes it: ``dg`` where ``g`` is above the
-    floor, ``dg / 2`` at it (``jnp.maximum``'s tie rule), 0 below (and for a NaN ``g``); one
-    fused XLA pass, fp32 ``[B, Tp, H, K]``."""
-    floor = F32(validation.LOG_DECAY_FLOOR)
-    return jnp.where(g > floor, dg, jnp.where(g == floor, 0.5 * dg, 0.0))
 
 
 def _gamma(cfg, g):
@@ -1258,7 +1249,7 @@ def _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dr_bh, g):
     itself (the same fp32 product, rounded once), so no ``kr`` is passed. ``dr_bh``: ``dR``
     ``[B, H, T, V]`` (:func:`_chunk_dr` with ``heads_first``); K2 returns it as ``dvw`` ``[B,
     T, H, V]``. ``g``: the unfloored log-decay; K2 returns ``dg`` through the floor
-    (:func:`_floor_grad`'s values)."""
+    (``validation.floor_log_decay_grad``)."""
     from pallas_kernels.common import channelwise_grad_mosaic_gpu
 
     return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
@@ -1321,7 +1312,7 @@ def _make_core(static):
             dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"],
                                                    hs, dhs, do, vn, dvn)
             dk, dks = _kr_chain(k, ks, dk, dkr)
-            dg = _floor_grad(g, dg)
+            dg = validation.floor_log_decay_grad(g, dg)
         # Through vw = v vs (fp32): dv = vs dvw, dvs = v dvw (summed over the channels vs
         # broadcasts over); kr = k ks in _kr_chain.
         dvw = dvw.astype(F32)

@@ -146,7 +146,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.common import mosaic_gpu_lib as mgl
-from pallas_kernels.common.validation import LOG_DECAY_FLOOR
+from pallas_kernels.common import validation
 
 CHUNK = mgl.CHUNK
 SUB = 16  # rows per block of the past route (the reference r_J is gamma at its last row)
@@ -834,10 +834,9 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, dvw_ref, graw_
     lower = mgl.transposed(upper, sc["lower"].at[wg] if interpret else None, interpret)
     lo, mid, hi = _products(shape, [(lower, piece.at[t]) for t in (2, 1, 0)])
     dg = dg + ((lo + mid) + hi - spread)
-    if graw_ref is not None:  # through max(g, LOG_DECAY_FLOOR): jax.grad's values (1, 1/2, 0)
-        graw = _load(graw_ref.at[b, tok, h, out], _WGMMA, interpret)  # from GMEM
-        floor = F32(LOG_DECAY_FLOOR)
-        dg = jnp.where(graw > floor, dg, jnp.where(graw == floor, F32(0.5) * dg, 0.0))
+    if graw_ref is not None:  # through max(g, LOG_DECAY_FLOOR), g's tile read from GMEM
+        graw = _load(graw_ref.at[b, tok, h, out], _WGMMA, interpret)
+        dg = validation.floor_log_decay_grad(graw, dg)
     if no_store:
         _store_padded(sink, dg)
     else:

@@ -391,6 +391,25 @@ def floor_log_decay(g: jax.Array) -> jax.Array:
     return jnp.maximum(g, jnp.asarray(LOG_DECAY_FLOOR, g.dtype))
 
 
+def floor_log_decay_grad(g: jax.Array, dg: jax.Array) -> jax.Array:
+    """``dg`` taken through :func:`floor_log_decay`, for kernels that floor ``g`` themselves.
+
+    The values ``jax.vjp(floor_log_decay, g)`` gives: ``dg`` where ``g`` is above
+    ``LOG_DECAY_FLOOR``, ``dg / 2`` at it (``jnp.maximum``'s tie rule), 0 below it and for a NaN
+    ``g``. One elementwise expression: XLA fuses it as one pass, and a Pallas kernel (K2 of
+    ``channelwise_grad_mosaic_gpu``) applies it to its register tiles.
+
+    Args:
+        g: the log-decay before the floor, any float dtype and shape.
+        dg: the cotangent of the floored log-decay, ``g``'s shape (fp32 by the ops' contract).
+
+    Returns:
+        ``dg``'s shape and dtype.
+    """
+    floor = jnp.asarray(LOG_DECAY_FLOOR, g.dtype)
+    return jnp.where(g > floor, dg, jnp.where(g == floor, 0.5 * dg, 0.0))
+
+
 def document_index(segment_ids: jax.Array) -> jax.Array:
     """Turns segment ids into a monotone per-row document index.
 

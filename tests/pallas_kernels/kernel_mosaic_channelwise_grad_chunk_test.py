@@ -46,6 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.common import channelwise_gpu
 from pallas_kernels.common import channelwise_grad_mosaic_gpu as k2
 from pallas_kernels.common import channelwise_mosaic_gpu as cwm
+from pallas_kernels.common import validation
 from tests import tolerances
 from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
 from tests.pallas_kernels import kernel_mosaic_channelwise_grad_test as k1_test
@@ -173,7 +174,7 @@ def _check_kernel(test, case, *, interpret=True, slab=k2.SLAB):
 
 def _check_floor_g(test, case, slab, interpret):
     """K2 with ``g`` (the unfloored log-decay, MOSAIC_GPU.md Sec. 47.5): ``dg`` bit for bit
-    ``channelwise_gpu._floor_grad(g, dg)`` of the kernel without it (``dg`` above the floor,
+    ``validation.floor_log_decay_grad(g, dg)`` of the kernel without it (``dg`` above the floor,
     half at it, 0 below), the other outputs unchanged. ``g``: random, with tokens at -inf,
     -1e8, exactly the floor and just above it on some channels."""
     seed, batch, seq_len, heads, dk, dv, dtype, docs, decay, h0, gdn2 = case
@@ -191,7 +192,7 @@ def _check_floor_g(test, case, slab, interpret):
               interpret=interpret)
     want = k2.channelwise_grad_chunk_mosaic(q, k, ks, gam, hs, dhs, do, vn, dr, **kw)
     got = k2.channelwise_grad_chunk_mosaic(q, k, ks, gam, hs, dhs, do, vn, dr, g=g, **kw)
-    expect = tuple(want[:3]) + (channelwise_gpu._floor_grad(g, want[3]),)
+    expect = tuple(want[:3]) + (validation.floor_log_decay_grad(g, want[3]),)
     for name, a, e in zip(_NAMES, got, expect):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
                                       err_msg=name)

@@ -123,14 +123,13 @@ class LogDecayFloorTest(parameterized.TestCase):
 
     def test_kernel_floor_gradient_is_floor_log_decays(self):
         """The per-channel Pallas kernels floor g in their gamma kernel and take dg through
-        ``channelwise_gpu._floor_grad``: the same values as ``jax.vjp`` of
+        ``common.floor_log_decay_grad``: the same values as ``jax.vjp`` of
         ``floor_log_decay`` (1 above the floor, 1/2 at it, 0 below), bit for bit."""
-        from pallas_kernels.common import channelwise_gpu
         g = jnp.asarray([0.0, -3.5, -127.0, -128.0, -129.0, -1e8, -np.inf, -127.99999],
                         jnp.float32)
         dg = jnp.asarray(np.random.default_rng(0).standard_normal(g.shape), jnp.float32)
         want = jax.vjp(common.floor_log_decay, g)[1](dg)[0]
-        got = channelwise_gpu._floor_grad(g, dg)
+        got = common.floor_log_decay_grad(g, dg)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
         self.assertEqual(float(got[3]), 0.5 * float(dg[3]))
 
