@@ -64,7 +64,7 @@
 #               then KDA S1 and S2 fwd+bwd against jla
 #   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
 #               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
-#   norm_ab 600   Sec. 47.7: rms_norm_gpu_test's gpu tests, then the same step with --set=model.norm_implementation=xla then =pallas
+#   norm_ab 500   Sec. 47.7: rms_norm_gpu_test's gpu tests, then the same step with --set=model.norm_implementation=xla then =pallas
 #               (the one-pass Pallas RMSNorm kernels, pallas_kernels/common/rms_norm_gpu.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
@@ -96,7 +96,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
-  kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 600;;
+  kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -364,13 +364,13 @@ run_swiglu() {  # Sec. 46.2/47.3: the 350M GDN-pure step, packed SwiGLU off then
 run_norm_ab() {  # Sec. 47.7: the 350M GDN-pure step, RMSNorm by XLA then by Pallas (A/B)
   mkdir -p $O/norm_ab; local s=$SECONDS v
   # the kernels' gpu tests first (compiled against layers.rms_norm); the A/B only if they pass
-  timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider $T/rms_norm_gpu_test.py \
+  timeout 80 python3 -m pytest -m gpu -q -p no:cacheprovider $T/rms_norm_gpu_test.py \
     > $O/norm_ab/gpu_tests.log 2>&1
   local rc=$?; echo "gpu tests rc=$rc t=$((SECONDS-s))s"
   tail -3 $O/norm_ab/gpu_tests.log | cut -c1-220
   [ $rc -eq 0 ] || return
   for v in xla pallas; do
-    timeout 250 python3 benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
+    timeout 210 python3 benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
       --batch=128 --warmup=1 --iters=3 --trace_steps=1 --top=80 \
       --set=train.micro_batch_size=${TP_MB:-8} --set=model.gdn.implementation=auto \
       --set=model.norm_implementation=$v --out=$O/norm_ab/$v > $O/norm_ab/$v.log 2>&1
