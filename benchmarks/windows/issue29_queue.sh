@@ -64,6 +64,9 @@
 #               then KDA S1 and S2 fwd+bwd against jla
 #   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
 #               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
+#   dvn_hf 300    Sec. 48.2: the reverse state pass writes dVn heads-first (no XLA transpose
+#               before the dR product): the op's K2 + Mosaic-state-pass gpu tests, then KDA and
+#               GDN-2 S1, S2 fwd+bwd against jla with the per-kernel breakdown
 #   norm_ab 500   Sec. 47.7: rms_norm_gpu_test's gpu tests, then the same step with --set=model.norm_implementation=xla then =pallas
 #               (the one-pass Pallas RMSNorm kernels, pallas_kernels/common/rms_norm_gpu.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
@@ -81,7 +84,7 @@
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-kda_dvw norm_ab tp350}
+ITEMS=${*:-dvn_hf autooff_dn tp350}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -97,6 +100,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
+  dvn_hf) echo 300;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -331,6 +335,20 @@ run_kda_dvw() {  # Sec. 47.2/47.4: KDA and GDN-2 (K2 reading dR heads-first, g f
   grep -a -h '^gate' $O/kda_dvw/kda.log | cut -c1-300
   cw_show $O/kda_dvw/kda.log
   cw_ptxas channelwise_grad_chunk $O/kda_dvw/kda.log
+}
+
+run_dvn_hf() {  # Sec. 48.2: dVn heads-first from the reverse state pass; gpu tests, then timing
+  mkdir -p $O/dvn_hf; local s=$SECONDS t=$T/kernel_mosaic_channelwise_grad_chunk_test.py
+  timeout 100 python3 benchmarks/gpu_tests.py --jobs=4 --deadline_s=90 --out=$O/dvn_hf/gpu_tests \
+    "$t::GpuTest::test_op_with_fused_grad_pass_against_fp32_reference0" \
+    "$t::GpuTest::test_op_with_fused_grad_pass_against_fp32_reference1"
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -h -E 'Counts|failed|error' $O/dvn_hf/gpu_tests/summary.md | head -6 | cut -c1-220
+  timeout 200 python3 benchmarks/bench_kernels.py --ops=kda,gdn2 --peers=ours,jla \
+    --passes=fwdbwd --shapes=S1,S2 --breakdown_top=16 --iters=30 --warmup=5 \
+    --out=$O/dvn_hf/kda > $O/dvn_hf/kda.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/dvn_hf/kda.log | cut -c1-300
+  cw_show $O/dvn_hf/kda.log
 }
 
 run_k2floor() {  # Sec. 47.5: K2 takes dg through g's floor; its gpu tests, then KDA S1 vs jla

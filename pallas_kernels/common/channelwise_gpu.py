@@ -705,24 +705,31 @@ def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_r
     dkr_ref[b, csl, h, :] = dkr
 
 
-def _chunk_dr(cfg, amat, dvn, heads_first: bool = False):
+def _chunk_dr(cfg, amat, dvn, heads_first: bool = False, dvn_heads_first: bool = False):
     """``dR = A^T dVn`` per chunk, ``[B, T, H, V]`` in the input dtype (XLA).
 
     Operands in the input dtype with fp32 accumulation, rounded once: the value the products
     of ``grad_blocks`` and ``backward_chunk`` see (they cast dR to the input dtype) and ``dvw``
     itself. ``heads_first``: ``[B, H, T, V]`` instead, the product's own output layout (its
     batch dimensions b, h, n lead), so XLA writes it without a transpose; K2 reads that layout
-    and hands ``dvw`` back in ``[B, T, H, V]`` (MOSAIC_GPU.md Sec. 47.2).
+    and hands ``dvw`` back in ``[B, T, H, V]`` (MOSAIC_GPU.md Sec. 47.2). ``dvn_heads_first``:
+    ``dvn`` is ``[B, H, T, V]`` (the Mosaic reverse state pass writes it so), the product's own
+    operand layout: no transpose of it either (MOSAIC_GPU.md Sec. 48.2).
     """
-    bsz, tp, heads, dv = dvn.shape
+    if dvn_heads_first:
+        bsz, heads, tp, dv = dvn.shape
+    else:
+        bsz, tp, heads, dv = dvn.shape
     mdt = cfg["mm_dtype"]
-    dvn_c = dvn.reshape(bsz, cfg["n_chunks"], CHUNK, heads, dv).astype(mdt)
+    dvn_in = "bhnlv" if dvn_heads_first else "bnlhv"
+    dvn_c = dvn.reshape((bsz, heads, cfg["n_chunks"], CHUNK, dv) if dvn_heads_first
+                        else (bsz, cfg["n_chunks"], CHUNK, heads, dv)).astype(mdt)
     precision = jax.lax.Precision.HIGHEST if mdt == jnp.dtype(F32) else None
     # The product's result in the operand dtype (fp32 accumulation, one rounding; the same
     # value as an fp32 result rounded after): XLA then moves the einsum's output transpose
     # in 16 bits (an fp32 result was transposed first, 537 MB at S1; MOSAIC_GPU.md Sec. 43.3).
     out = "bhniv" if heads_first else "bnihv"
-    dr = jnp.einsum(f"bhnli,bnlhv->{out}", amat.astype(mdt), dvn_c, precision=precision,
+    dr = jnp.einsum(f"bhnli,{dvn_in}->{out}", amat.astype(mdt), dvn_c, precision=precision,
                     preferred_element_type=mdt)
     return dr.reshape((bsz, heads, tp, dv) if heads_first else (bsz, tp, heads, dv))
 
@@ -1122,12 +1129,13 @@ def _backward_state(cfg, prep, do, dvn_in, dht):
     return outs["dvn_ref"], outs["dhs_ref"], outs["dh0_ref"]
 
 
-def _backward_state_mosaic(cfg, prep, do, dvn_in, dht, maps=None):
+def _backward_state_mosaic(cfg, prep, do, dvn_in, dht, maps=None, dvn_heads_first=False):
     """:func:`_backward_state` on the Mosaic GPU kernel (:func:`pallas_kernels.common.
     channelwise_mosaic_gpu.channelwise_backward_state_mosaic`, GPU interpret mode under
     ``cfg["interpret"]``): the same outputs, layouts and dtypes. ``dvn_in`` (the residual's
     cotangent) is taken to the operand dtype, which it has whenever the op passes it. ``maps``:
-    the forward's sequence-piece maps (:func:`_forward_mosaic`), or ``None`` (``P = 1``)."""
+    the forward's sequence-piece maps (:func:`_forward_mosaic`), or ``None`` (``P = 1``).
+    ``dvn_heads_first``: ``dvn`` returned as ``[B, H, Tp, V]`` (for :func:`_chunk_dr`)."""
     from pallas_kernels.common import channelwise_mosaic_gpu
 
     if dvn_in is not None:
@@ -1136,7 +1144,7 @@ def _backward_state_mosaic(cfg, prep, do, dvn_in, dht, maps=None):
         prep["qg_ref"], prep["kg_ref"], prep["w_ref"], prep["mq_ref"], prep["e_ref"], do,
         scale=cfg["scale"], dvn_in=dvn_in, dht=dht,
         alias_staging=cfg["mosaic_alias_staging"], pieces=cfg["mosaic_pieces"],
-        piece_maps=maps, interpret=cfg["interpret"])
+        piece_maps=maps, dvn_heads_first=dvn_heads_first, interpret=cfg["interpret"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1293,15 +1301,21 @@ def _make_core(static):
         q, k, v, ks, vs, g, gam, docs, prep, hs, vn, maps = res
         do = cts[0].astype(q.dtype)
         dvn_out = cts[2] if residual else None
+        fused = cfg["grad_pass"] == "mosaic_fused"
+        # With K2, dVn's only reader is _chunk_dr's product: the Mosaic pass writes it in the
+        # product's layout [B, H, T, V] (no transpose in XLA).
+        dvn_heads_first = fused and cfg["state_pass"] == "mosaic"
         if cfg["state_pass"] == "mosaic":  # the forward's piece maps, not formed again
-            dvn, dhs, dh0 = _backward_state_mosaic(cfg, prep, do, dvn_out, cts[1], maps)
+            dvn, dhs, dh0 = _backward_state_mosaic(cfg, prep, do, dvn_out, cts[1], maps,
+                                                   dvn_heads_first=dvn_heads_first)
         else:
             dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
         vf, vsf = v.astype(F32), vs.astype(F32)
-        if cfg["grad_pass"] == "mosaic_fused":  # K2: grad_blocks + backward_chunk + kr chain
+        if fused:  # K2: grad_blocks + backward_chunk + kr chain
             # dR heads-first (no transpose in XLA); K2 forms kr = k ks itself and hands dR
             # back as dvw [B, T, H, V].
-            dr_bh = _chunk_dr(cfg, prep["a_ref"], dvn, heads_first=True)
+            dr_bh = _chunk_dr(cfg, prep["a_ref"], dvn, heads_first=True,
+                              dvn_heads_first=dvn_heads_first)
             # K2 also takes dg through the log-decay's floor (no XLA pass over g and dg).
             dq, dk, dks, dg, dvw = _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn,
                                                       dr_bh, g)

@@ -623,14 +623,15 @@ def _piece_maps(kgp, wp, mq, e_all, run, pieces):
 
 def _bwd_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, *rest, num_chunks: int,
                 scale: float, has_dvn_in: bool, has_dht: bool, alias: bool, interpret: bool,
-                pieces: int = 1, store: bool = True):
+                pieces: int = 1, store: bool = True, dvn_heads_first: bool = False):
     """Kernel body of :func:`channelwise_backward_state_mosaic` (module docstring); refs are
     GMEM. ``rest`` = ``[dvn_in_ref,] [dht_ref,] [dvn_ref, dhs_ref,] dh0_ref`` then the
     scratch; ``qgt_s, wt_s, mqt_s`` (interpret mode only) are the SMEM copies of ``Qg^T, W^T,
     Mq^T`` that the GPU reads as transposed views. Step ``i`` is chunk ``n = N - 1 - i``.
     Sequence pieces: with ``pieces = P > 1`` the token arrays are ``P`` pieces per row as
     ``B * P`` grid rows, ``mq``, ``e_all`` and ``dhs`` whole rows at the global chunk index;
-    ``store=False`` (the launch from zero exit gradients) writes only ``dh0``."""
+    ``store=False`` (the launch from zero exit gradients) writes only ``dh0``.
+    ``dvn_heads_first``: ``dvn_ref`` is ``[B, H, P * Tq, V]`` (whole rows, global chunk index)."""
     rest = list(rest)
     dvn_in_ref = rest.pop(0) if has_dvn_in else None
     dht_ref = rest.pop(0) if has_dht else None
@@ -730,7 +731,11 @@ def _bwd_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, *rest, num_chunks:
             vn_s.at[half][...] = dvn.astype(vn_s.dtype)
             plgpu.commit_smem()
             plgpu.barrier_arrive(v_ready.at[half])  # the state warpgroup may issue W^T dVn
-            if store:
+            if store and dvn_heads_first:  # [B, H, T, V]: whole rows, global chunk index
+                bg, ng = _global_chunk(b, n, pieces, num_chunks)
+                dst = dvn_ref.at[bg, h, pl.ds(ng * CHUNK, CHUNK), cols]
+                plgpu.copy_smem_to_gmem(vn_s.at[half], dst)
+            elif store:
                 plgpu.copy_smem_to_gmem(vn_s.at[half], dvn_ref.at[b, rows, h, cols])
             return carry
 
@@ -756,7 +761,8 @@ def check_backward_inputs(qg, kg, w, mq, e_all, do, dvn_in, dht) -> None:
     _check_operands(qg, (("kg", kg), ("w", w)), valued, mq, e_all, dht, "dht")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "alias_staging", "pieces", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "alias_staging", "pieces",
+                                             "dvn_heads_first", "interpret"))
 def channelwise_backward_state_mosaic(
     qg: jax.Array,
     kg: jax.Array,
@@ -771,6 +777,7 @@ def channelwise_backward_state_mosaic(
     alias_staging: bool = False,
     pieces: Optional[int] = None,
     piece_maps: Optional[jax.Array] = None,
+    dvn_heads_first: bool = False,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The reverse state pass of KDA / GDN-2 in one Mosaic GPU kernel (module docstring).
@@ -813,10 +820,15 @@ def channelwise_backward_state_mosaic(
         piece_maps: the forward's piece maps ``[B, P, H, K, K]`` fp32
             (:func:`channelwise_forward_mosaic` with ``return_maps``), or ``None`` to form
             them here (one more launch, the forward's maps launch); ignored when ``P = 1``.
+        dvn_heads_first: static; return ``dvn`` as ``[B, H, T, V]`` (the same values; the
+            layout ``channelwise_gpu._chunk_dr``'s product reads without a transpose: XLA's
+            0.10 ms transpose at KDA S1 on an H100, MOSAIC_GPU.md Sec. 48.2). The kernel's
+            TMA stores write that layout directly.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
-        ``(dvn, dhs, dh0)``: ``dvn`` ``[B, T, H, V]`` and ``dhs`` (the gradient of every
+        ``(dvn, dhs, dh0)``: ``dvn`` ``[B, T, H, V]`` (``[B, H, T, V]`` with
+        ``dvn_heads_first``) and ``dhs`` (the gradient of every
         chunk's exit state) ``[B, H, N, K, V]`` in the input dtype; ``dh0`` ``[B, H, K, V]``
         fp32. A ``T`` that is not a multiple of 64 is zero-padded inside.
 
@@ -842,10 +854,15 @@ def channelwise_backward_state_mosaic(
     dht = None if dht is None else dht.astype(jnp.float32)
     run = functools.partial(_backward_call, scale=float(scale), pieces=pieces,
                             alias_staging=alias_staging, interpret=interpret)
+    stored = functools.partial(run, dvn_heads_first=dvn_heads_first)
+
+    def cut(dvn):  # the first T tokens of dvn, in either layout
+        return dvn[:, :, :seq_len] if dvn_heads_first else dvn[:, :seq_len]
+
     with jax.named_scope(BWD_KERNEL_NAME):
         if pieces == 1:
-            dvn, dhs, dh0 = run(qg, kg, w, mq, e_all, do, dvn_in, dht)
-            return dvn[:, :seq_len], dhs, dh0
+            dvn, dhs, dh0 = stored(qg, kg, w, mq, e_all, do, dvn_in, dht)
+            return cut(dvn), dhs, dh0
         # Sequence pieces: each piece's reverse map d -> M_p^T d + Y_p (Y_p from a zero exit
         # gradient, storing only dh0), the exit gradients by an fp32 scan from the last piece,
         # then the pieces as rows from their exit gradients.
@@ -858,29 +875,34 @@ def channelwise_backward_state_mosaic(
         (y_local,) = run(qgp, kgp, wp, mq, e_all, dop, dinp, None, store=False)
         exits = mgl.scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv),
                                     dht, reverse=True)
-        dvn, dhs, dh0s = run(qgp, kgp, wp, mq, e_all, dop, dinp,
-                             exits.reshape(batch * pieces, heads, dk, dv))
-        dvn = dvn.reshape(batch, padded, heads, dv)
-        return dvn[:, :seq_len], dhs, dh0s.reshape(batch, pieces, heads, dk, dv)[:, 0]
+        dvn, dhs, dh0s = stored(qgp, kgp, wp, mq, e_all, dop, dinp,
+                                exits.reshape(batch * pieces, heads, dk, dv))
+        if not dvn_heads_first:  # heads-first is written as whole rows already
+            dvn = dvn.reshape(batch, padded, heads, dv)
+        return cut(dvn), dhs, dh0s.reshape(batch, pieces, heads, dk, dv)[:, 0]
 
 
 def _backward_call(qg, kg, w, mq, e_all, do, dvn_in, dht, *, scale, pieces, alias_staging,
-                   interpret, store=True):
+                   interpret, store=True, dvn_heads_first=False):
     """One launch of the reverse state pass (:func:`_bwd_kernel`) over ``R = B * P`` rows of
     ``Tq`` tokens (the pieces as rows; ``P = 1``: the rows as they are): ``qg, kg, w``
     ``[R, Tq, H, K]``, ``do`` and ``dvn_in`` (or ``None``) ``[R, Tq, H, V]``; ``mq``, ``e_all``
     (fp32) whole rows; ``dht`` ``[R, H, K, V]`` fp32 or ``None``. Returns ``(dvn, dhs, dh0)``
     (``dvn`` ``[R, Tq, H, V]``, ``dhs`` ``[B, H, N, K, V]`` at global chunk indices, ``dh0``
-    ``[R, H, K, V]`` fp32), or ``(dh0,)`` without ``store`` (named ``..._pieces``)."""
+    ``[R, H, K, V]`` fp32), or ``(dh0,)`` without ``store`` (named ``..._pieces``);
+    ``dvn_heads_first``: ``dvn`` ``[B, H, P * Tq, V]`` (whole rows)."""
     rows, tq, heads, dk = qg.shape
     dv = do.shape[-1]
     num_chunks = tq // CHUNK
     has_dvn_in, has_dht = dvn_in is not None, dht is not None
     kernel = functools.partial(_bwd_kernel, num_chunks=num_chunks, scale=scale,
                                has_dvn_in=has_dvn_in, has_dht=has_dht, alias=alias_staging,
-                               interpret=interpret, pieces=pieces, store=store)
+                               interpret=interpret, pieces=pieces, store=store,
+                               dvn_heads_first=dvn_heads_first)
     dtype = qg.dtype
-    out_type = [jax.ShapeDtypeStruct((rows, tq, heads, dv), dtype),  # dvn
+    dvn_shape = ((rows // pieces, heads, pieces * tq, dv) if dvn_heads_first
+                 else (rows, tq, heads, dv))
+    out_type = [jax.ShapeDtypeStruct(dvn_shape, dtype),  # dvn
                 jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
                                      dtype)] if store else []  # dhs
     out_type.append(jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32))  # dh0

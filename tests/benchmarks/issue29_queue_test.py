@@ -27,7 +27,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
-         "swiglu k2floor norm_ab").split()
+         "swiglu k2floor norm_ab dvn_hf").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -178,7 +178,7 @@ class Issue29QueueTest(absltest.TestCase):
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
         # the order after 2026-12-07d (MOSAIC_GPU.md Sec. 47): KDA and GDN-2 against jla with
         # K2's floor (Sec. 47.5's rule), the Pallas RMSNorm A/B, the 350M throughput
-        self.assertEqual(default, ["kda_dvw", "norm_ab", "tp350"])
+        self.assertEqual(default, ["dvn_hf", "autooff_dn", "tp350"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
@@ -244,8 +244,8 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_gpu_tests_paths_collect(self):
         argvs = self._calls("benchmarks/gpu_tests.py")
-        self.assertLen(argvs, 9)  # t0w, gva, early, autooff, autooff_dn, fp16def, t0pieces,
-        # cw_tests, k2floor
+        self.assertLen(argvs, 10)  # t0w, gva, early, autooff, autooff_dn, fp16def, t0pieces,
+        # cw_tests, k2floor, dvn_hf
         result = _python(_GPU_TESTS, argvs)  # one process parses every call's flags
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         parsed = [json.loads(line) for line in result.stdout.strip().splitlines()[-len(argvs):]]

@@ -140,6 +140,26 @@ class PiecesLoweringTest(parameterized.TestCase):
             [cwm.KERNEL_NAME + "_maps", cwm.KERNEL_NAME + "_pieces", cwm.KERNEL_NAME,
              cwm.BWD_KERNEL_NAME + "_pieces", cwm.BWD_KERNEL_NAME]))
 
+    @parameterized.parameters(1, 4)
+    def test_backward_dvn_heads_first_lowers(self, pieces):
+        # dvn_heads_first (MOSAIC_GPU.md Sec. 48.2): the stored launch writes dvn [B, H, T, V]
+        # by TMA; the launches are the same, and only dvn's shape changes (T = 500 is padded
+        # inside and cut back).
+        qg, kg, w, u, mq, e_all = _zeros(1, 500, 2, 64, 128)
+        dht = jnp.ones((1, 2, 64, 128), jnp.float32)
+        shapes = {}
+        for heads_first in (False, True):
+            def bwd(qg, kg, w, mq, e_all, do, heads_first=heads_first):
+                return cwm.channelwise_backward_state_mosaic(
+                    qg, kg, w, mq, e_all, do, scale=0.1, dvn_in=do, dht=dht, pieces=pieces,
+                    dvn_heads_first=heads_first)
+
+            text = _lower(bwd, qg, kg, w, mq, e_all, u)
+            self.assertEqual(_launches(text)[cwm.BWD_KERNEL_NAME], 1)
+            shapes[heads_first] = [x.shape for x in jax.eval_shape(bwd, qg, kg, w, mq, e_all, u)]
+        self.assertEqual(shapes[False][0], (1, 500, 2, 128))
+        self.assertEqual(shapes[True], [(1, 2, 500, 128)] + shapes[False][1:])
+
 
 class PiecesValidationTest(absltest.TestCase):
 
@@ -294,6 +314,27 @@ class PiecesInterpretTest(parameterized.TestCase):
             err = tolerances.rel_err(swapped[2], want[2])
             print(f"{self._testMethodName} dh0 with M_p for M_p^T: {err:.2e}")
             self.assertGreater(err, 4 * _GATE, "dh0 with the maps untransposed")
+
+    @parameterized.parameters(1, 2)
+    @pytest.mark.slow
+    def test_backward_dvn_heads_first_is_the_same_dvn(self, pieces):
+        # The heads-first TMA stores (whole rows at the global chunk index) write the values
+        # of the default layout, bit for bit; dhs and dh0 are untouched. T = 200 (padded to
+        # 256 by _prepared: 4 chunks, the last one's tail zeros), documents crossing the piece
+        # edge.
+        cfg, prep, _ = cwt._prepared(9, 1, 200, 2, 64, 64, jnp.bfloat16, docs=(90, 5),
+                                     gdn2=True)
+        do, din, dht = cwt._cotangents(9, prep, 64, jnp.bfloat16)
+        run = functools.partial(cwm.channelwise_backward_state_mosaic, *cwt._bwd_args(prep), do,
+                                scale=cfg["scale"], dvn_in=din, dht=dht, pieces=pieces,
+                                interpret=True)
+        rows = run()
+        heads = run(dvn_heads_first=True)
+        self.assertEqual(heads[0].shape, (1, 2, 256, 64))
+        self.assertGreater(float(jnp.abs(rows[0].astype(jnp.float32)).max()), 0.1)
+        for name, a, e in zip(cwt._BWD_NAMES, heads, (jnp.swapaxes(rows[0], 1, 2),) + rows[1:]):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
 
 
 class PiecesOpInterpretTest(parameterized.TestCase):
