@@ -1716,7 +1716,10 @@ def _workdir_lock(workdir: str):
     """Holds an exclusive ``flock`` on ``<workdir>/.train.lock`` (it holds the owner's pid)
     for the run: two runs on one workdir would interleave ``metrics.jsonl`` and save and delete
     each other's checkpoints. The kernel drops the lock when the process ends, however it ends,
-    so a killed run leaves no stale lock.
+    so a killed run leaves no stale lock. The file is deleted when the block ends (a finished
+    run, a stop after a checkpoint, an error; ``records.pid_lock(remove=True)``, which keeps a
+    second run from taking the lock while this one still writes): it is left only by a killed
+    run, unlocked, and the next run takes it over.
 
     Raises:
       ConfigError: another process holds the lock, or ``workdir`` cannot be written (the lock
@@ -1725,7 +1728,7 @@ def _workdir_lock(workdir: str):
     path = os.path.join(workdir, WORKDIR_LOCK)
     stack = contextlib.ExitStack()
     try:
-        stack.enter_context(records_lib.pid_lock(path))
+        stack.enter_context(records_lib.pid_lock(path, remove=True))
     except OSError as e:  # a read-only file system or directory, no permission
         raise config_lib.ConfigError(
             f"--workdir={workdir}: cannot write there ({e.strerror}: {e.filename})") from None
