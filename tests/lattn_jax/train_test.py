@@ -405,6 +405,22 @@ class ResumeChecksTest(absltest.TestCase):
         self.assertFalse(os.path.exists(lock))
         self.assertIsNone(sweep.trainer_lock_owner(workdir))
 
+    def test_a_resume_reads_config_json_once_under_the_lock(self):
+        # It read it three times there (the early and the late resume check, the resume-free
+        # options' note), besides the check of the workdir's kind before the lock.
+        workdir = self.copy_of_one_step_run("c")
+        path = os.path.join(workdir, "config.json")
+        lines = []
+        with mock.patch.object(config_lib, "read_run_config_json",
+                               wraps=config_lib.read_run_config_json) as read:
+            result = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2),
+                                              workdir, print_fn=lines.append)
+        self.assertEqual((result["resumed_from"], result["step"]), (1, 2))
+        self.assertEqual([c.args for c in read.call_args_list], [(path,), (path,)])
+        # What the read is for still happens: a changed schedule option is reported.
+        self.assertTrue(any(line.startswith("warning: resuming with optimizer/schedule options")
+                            and "train.total_steps (1 -> 2)" in line for line in lines), lines)
+
     def test_changed_data_stream_is_refused(self):
         workdir = self.copy_of_one_step_run("d")
         cfg = tiny_experiment(self.corpus, total_steps=2)
