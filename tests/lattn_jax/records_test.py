@@ -2,6 +2,7 @@
 
 import fcntl
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -153,6 +154,28 @@ class AppendRecordTest(absltest.TestCase):
         self.assertCountEqual(got[1:], [{"n": n} for n in range(8)])
 
 
+def _take_and_check(directory, tries):
+    """:meth:`PidLockTest.test_processes_racing_for_the_lock_never_hold_it_together`'s worker:
+    ``tries`` times, takes ``<directory>/.train.lock`` (``remove=True``) and, while holding it,
+    creates ``<directory>/holder`` exclusively (deleted again before the release). Returns
+    ``(locks taken, times another process held the lock too: the file was there)``."""
+    lock, marker = os.path.join(directory, ".train.lock"), os.path.join(directory, "holder")
+    taken = together = 0
+    for _ in range(tries):
+        try:
+            with records.pid_lock(lock, remove=True):
+                taken += 1
+                try:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    together += 1
+                    continue
+                os.unlink(marker)
+        except records.LockHeld:
+            pass
+    return taken, together
+
+
 class PidLockTest(absltest.TestCase):
     """pid_lock(remove=True) deletes its file when the block ends; a taker that opened the file
     before that (the race a deleted lock file opens) never becomes a second holder."""
@@ -254,6 +277,16 @@ class PidLockTest(absltest.TestCase):
             with records.pid_lock(self.path, remove=True):  # B
                 self.assertEqual(records.lock_owner(self.path), self.pid)
         self.assertFalse(os.path.exists(self.path))
+
+    def test_processes_racing_for_the_lock_never_hold_it_together(self):
+        # The race itself, between processes (~1 s on 2 cores). A version that only deleted
+        # the file on release (no inode check) gave two holders 157 times in these 4 x 1500.
+        directory = os.path.dirname(self.path)
+        with multiprocessing.get_context("spawn").Pool(4) as pool:  # (no fork of jax)
+            results = pool.starmap(_take_and_check, [(directory, 1500)] * 4)
+        self.assertGreater(sum(taken for taken, _ in results), 0)
+        self.assertEqual([together for _, together in results], [0] * 4)
+        self.assertEqual(os.listdir(directory), [])  # the last holder deleted the file
 
     def test_lock_owner_looks_past_a_deleted_file_it_opened(self):
         # The sweep's probe opened the file before its holder deleted it: a flock on the
