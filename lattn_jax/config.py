@@ -1436,7 +1436,9 @@ def first_missing_dir(path: str) -> Optional[str]:
 # on: the lock and the invocation's records (``lattn_jax.train.WORKDIR_LOCK``, ``INVOCATIONS``,
 # ``CONSOLE_LOG``; before the data are read), then checkpoints/ and metrics.jsonl. Any one of
 # them makes a directory a training run's (:func:`saved_training_config`), also a run stopped
-# before its first checkpoint. And what experiments/sweep.py writes into its --root first.
+# before its first checkpoint. (The lock file is there only while a trainer runs, or after a
+# killed one: the trainer deletes it when it ends; the records stay.) And what
+# experiments/sweep.py writes into its --root first.
 TRAINING_WORKDIR_ENTRIES = (".train.lock", "invocations.jsonl", "console.log", "checkpoints/",
                             "metrics.jsonl")
 SWEEP_ROOT_ENTRIES = ("sweep.jsonl", "runs/")

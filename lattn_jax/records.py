@@ -191,45 +191,90 @@ class LockHeld(Exception):
         self.owner = owner
 
 
+def _names_open_file(f, path: str) -> bool:
+    """Whether ``path`` names the file ``f`` has open (the same device and inode): ``False``
+    when ``path`` is gone or names another file (the one ``f`` has open was deleted)."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(f.fileno())
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
 @contextlib.contextmanager
-def pid_lock(path: str):
+def pid_lock(path: str, *, remove: bool = False):
     """Holds an exclusive ``flock`` on the file ``path`` (created if missing, then holding this
     process's pid) for the ``with`` block. The kernel drops the lock when the process ends,
     however it ends, so a killed holder leaves no stale lock.
+
+    With ``remove``, the holder deletes ``path`` when the block ends, however it ends (a
+    return or an exception), before it releases the lock: the file exists only while a holder
+    runs, or after a killed one (unlocked; the next taker takes it over). A taker that opened
+    the file before it was deleted gets the lock on a deleted file once it is released, while
+    a third process creates a new file at ``path`` and locks that one: two holders. So every
+    taker, after locking, checks that ``path`` still names the file it locked
+    (:func:`_names_open_file`) and otherwise opens ``path`` again (and a holder deletes only
+    the file it holds).
+
+    Args:
+      path: the lock file.
+      remove: delete ``path`` when the block ends (see above); ``False``: keep it.
 
     Raises:
       LockHeld: another process (or another open file of this one) holds it.
       OSError: the file cannot be opened or created (a read-only file system, no permission,
         a missing directory).
     """
-    f = open(path, "a+")
-    try:
+    while True:
+        f = open(path, "a+")
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            raise LockHeld(f.read().strip() or "unknown") from None
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+            except OSError:
+                locked = False
+            if _names_open_file(f, path):
+                if locked:
+                    break
+                f.seek(0)
+                raise LockHeld(f.read().strip() or "unknown")
+        except BaseException:
+            f.close()
+            raise
+        # A deleted file (locked or not: its taker opens path again too): open path again.
+        f.close()
+    try:
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")
         f.flush()
         yield
     finally:
+        if remove:
+            with contextlib.suppress(OSError):  # best effort: the lock is released below anyway
+                if _names_open_file(f, path):  # (not another taker's, should ours be gone)
+                    os.unlink(path)
         f.close()  # releases the lock
 
 
 def lock_owner(path: str) -> Optional[str]:
     """The pid recorded in the lock file ``path`` (``"unknown"`` when empty) while a process
     holds its :func:`pid_lock`, else ``None`` (no holder, or no file). Takes the lock for an
-    instant to test it."""
-    try:
-        f = open(path, "r")
-    except OSError:
-        return None
-    with f:
+    instant to test it. A file deleted after this opened it (a holder with ``remove`` that
+    ended) does not count: ``path`` is opened again."""
+    while True:
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            f = open(path, "r")
         except OSError:
-            return f.read().strip() or "unknown"
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-    return None
+            return None
+        with f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                if _names_open_file(f, path):
+                    return f.read().strip() or "unknown"
+                continue
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            if _names_open_file(f, path):
+                return None

@@ -1282,7 +1282,7 @@ ROOT_LOCK = ".sweep.lock"  # <root>/.sweep.lock: held by the sweep call that lau
 def trainer_lock_owner(workdir: str) -> Optional[str]:
     """The pid (as the lock file records it, ``"unknown"`` when empty) of a live trainer that
     holds ``<workdir>/.train.lock`` (:func:`lattn_jax.train._workdir_lock`), or ``None`` when
-    no process holds it (or there is no lock file)."""
+    no process holds it (or there is no lock file: the trainer deletes it when it ends)."""
     return records.lock_owner(os.path.join(workdir, TRAINER_LOCK))
 
 

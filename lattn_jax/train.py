@@ -1012,7 +1012,8 @@ def _optim_layout_diffs(saved: dict, current: dict) -> List[str]:
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                              has_checkpoint: bool,
-                             derived: Optional[Mapping[str, Sequence[str]]] = None
+                             derived: Optional[Mapping[str, Sequence[str]]] = None,
+                             read_saved: Optional[Callable[[], Optional[dict]]] = None
                              ) -> List[str]:
     """Refuses to resume a checkpoint written with a different model, data stream or seed.
 
@@ -1040,6 +1041,9 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
         it follows changed (``optim.warmup_steps``, a tenth of ``train.total_steps`` in the
         presets) is marked ``derived from <option>`` and listed after the options the user
         changed.
+      read_saved: returns ``<workdir>/config.json`` as
+        :func:`lattn_jax.config.saved_training_config` does (and raises as it does); the
+        caller's, to read the file once for several checks. Default: read here.
 
     Returns:
       ``"option (start -> now)"`` for every such option that differs from the saved run
@@ -1053,7 +1057,7 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     """
     changed: List[str] = []
     current = config_lib.experiment_json_dict(config)
-    saved = config_lib.saved_training_config(workdir)
+    saved = (read_saved or functools.partial(config_lib.saved_training_config, workdir))()
     if has_checkpoint and saved is not None:
         saved_model = {k: v for k, v in saved.get("model", {}).items()
                        if k not in _RESUMABLE_MODEL_OPTIONS}
@@ -1091,12 +1095,16 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     return changed
 
 
-def _resume_free_changes(workdir: str, config: config_lib.ExperimentConfig) -> List[str]:
+def _resume_free_changes(workdir: str, config: config_lib.ExperimentConfig,
+                         read_saved: Optional[Callable[[], Optional[dict]]] = None
+                         ) -> List[str]:
     """The :data:`_RESUMABLE_MODEL_OPTIONS` whose value differs from the run's start
-    (``<workdir>/config.json``), as ``"model.<option> (a -> b)"``; ``[]`` without a readable
-    record. A resume accepts them (the same parameters, computed another way) and says so."""
+    (``<workdir>/config.json``; ``read_saved()`` when given, as for
+    :func:`_check_resume_compatible`), as ``"model.<option> (a -> b)"``; ``[]`` without a
+    readable record. A resume accepts them (the same parameters, computed another way) and
+    says so."""
     try:
-        saved = config_lib.saved_training_config(workdir)
+        saved = (read_saved or functools.partial(config_lib.saved_training_config, workdir))()
     except config_lib.ConfigError:
         return []
     if not saved:
@@ -1716,7 +1724,10 @@ def _workdir_lock(workdir: str):
     """Holds an exclusive ``flock`` on ``<workdir>/.train.lock`` (it holds the owner's pid)
     for the run: two runs on one workdir would interleave ``metrics.jsonl`` and save and delete
     each other's checkpoints. The kernel drops the lock when the process ends, however it ends,
-    so a killed run leaves no stale lock.
+    so a killed run leaves no stale lock. The file is deleted when the block ends (a finished
+    run, a stop after a checkpoint, an error; ``records.pid_lock(remove=True)``, which keeps a
+    second run from taking the lock while this one still writes): it is left only by a killed
+    run, unlocked, and the next run takes it over.
 
     Raises:
       ConfigError: another process holds the lock, or ``workdir`` cannot be written (the lock
@@ -1725,7 +1736,7 @@ def _workdir_lock(workdir: str):
     path = os.path.join(workdir, WORKDIR_LOCK)
     stack = contextlib.ExitStack()
     try:
-        stack.enter_context(records_lib.pid_lock(path))
+        stack.enter_context(records_lib.pid_lock(path, remove=True))
     except OSError as e:  # a read-only file system or directory, no permission
         raise config_lib.ConfigError(
             f"--workdir={workdir}: cannot write there ({e.strerror}: {e.filename})") from None
@@ -1889,10 +1900,17 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
                         hold_signals_when_done=False):
     """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
     tcfg = config.train
+    # The run's config.json, read once for the resume checks here and below (nothing writes it
+    # before _write_start_config). Read under the workdir lock, not taken over from
+    # train_and_evaluate's check of the workdir's kind: that read came before the lock, and a
+    # run that held the lock in between may have written the file since.
+    read_saved_config = functools.lru_cache(maxsize=None)(
+        functools.partial(config_lib.saved_training_config, workdir))
     # A resume with another model or data stream is refused before the data is read (minutes
     # for a large corpus); the check runs again below, where it reports the changed options.
     _check_resume_compatible(workdir, config,
-                             has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
+                             has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)),
+                             read_saved=read_saved_config)
 
     # The data files' contents (a corpus rebuilt at the same path), likewise before the read;
     # computed once, and only when compared or written (it reads up to 4 MiB per file).
@@ -1946,8 +1964,9 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
         if step is not None and step not in ckpt.all_steps():
             ckpt.restore_step(step, None)  # raises FileNotFoundError listing the steps
         changed = _check_resume_compatible(workdir, config, has_checkpoint=latest is not None,
-                                           derived=derived)
-        free = _resume_free_changes(workdir, config) if latest is not None else []
+                                           derived=derived, read_saved=read_saved_config)
+        free = (_resume_free_changes(workdir, config, read_saved=read_saved_config)
+                if latest is not None else [])
         if free and jax.process_index() == 0:
             print_fn(f"note: resuming with {', '.join(free)}: the same parameters, computed "
                      f"another way (config.json keeps the start's settings; invocations.jsonl "

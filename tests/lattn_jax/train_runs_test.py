@@ -703,7 +703,7 @@ class RunRecordTest(CorpusTestCase):
 class StoppedBeforeCheckpointsTest(CorpusTestCase):
 
     def test_both_binaries_take_it_for_a_training_workdir(self):
-        # Ctrl-C while the data are read: the run has its lock and records, no config.json or
+        # Ctrl-C while the data are read: the run has its records, no config.json or
         # checkpoints/. sweep.py took it for an empty sweep root (it looked for config.json
         # plus checkpoints/) and wrote runs/ there; train.py then refused it as a sweep root.
         from lattn_jax import sweep  # noqa: PLC0415 (the check sweep.py makes of --root)
@@ -712,22 +712,29 @@ class StoppedBeforeCheckpointsTest(CorpusTestCase):
             with self.assertRaises(KeyboardInterrupt):
                 train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
                                          print_fn=lambda s: None)
+        # The records kept, nothing else (the lock file: deleted as the run ended).
         self.assertEqual(sorted(os.listdir(workdir)), sorted(
-            [train.WORKDIR_LOCK, train.INVOCATIONS, train.CONSOLE_LOG]))  # kept, nothing else
+            [train.INVOCATIONS, train.CONSOLE_LOG]))
         self.assertIsNone(config_lib.saved_training_config(workdir))  # train.py: its own
         with self.assertRaisesRegex(
                 sweep.SweepConfigError,
-                f"^{re.escape(workdir)} is a training run's workdir \\(it has \\.train\\.lock, "
+                f"^{re.escape(workdir)} is a training run's workdir \\(it has "
                 f"invocations\\.jsonl and console\\.log; experiments/train\\.py writes it\\), "
                 f"not a sweep root: "):
+            sweep.check_root(workdir, {"name": "a"})
+        # ... and with the lock file a killed trainer leaves (no Python cleanup) too.
+        with open(os.path.join(workdir, train.WORKDIR_LOCK), "w") as f:
+            f.write("4242\n")
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"it has \.train\.lock, "):
             sweep.check_root(workdir, {"name": "a"})
         # Every file the trainer writes first is one the check knows.
         for name in (train.WORKDIR_LOCK, train.INVOCATIONS, train.CONSOLE_LOG):
             self.assertIn(name, config_lib.TRAINING_WORKDIR_ENTRIES)
-        # The run goes on from there.
+        # The run goes on from there (taking over the killed trainer's lock file).
         result = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2),
                                           workdir, print_fn=lambda s: None)
         self.assertEqual((result["resumed_from"], result["step"]), (-1, 2))
+        self.assertNotIn(train.WORKDIR_LOCK, os.listdir(workdir))
 
 
 class InsideCheckpointsTest(CorpusTestCase):

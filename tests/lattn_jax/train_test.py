@@ -384,6 +384,43 @@ class ResumeChecksTest(absltest.TestCase):
         shutil.copytree(cls._one_step_run, workdir)
         return workdir
 
+    def test_the_lock_file_is_there_only_while_a_run_trains(self):
+        # .train.lock stayed in every workdir a run had used, finished or stopped.
+        from lattn_jax import sweep  # noqa: PLC0415 (how a sweep tells a trainer is running)
+        workdir = self.copy_of_one_step_run("l")
+        lock = os.path.join(workdir, train.WORKDIR_LOCK)
+        self.assertFalse(os.path.exists(lock))  # the finished run's: none left
+        seen = []
+
+        def watch(line):  # the first progress line: training under the lock
+            if not seen:
+                seen.append((os.path.exists(lock), sweep.trainer_lock_owner(workdir)))
+
+        # Resumed, then stopped after one step by the run's own limit (a clean stop).
+        result = train.train_and_evaluate(
+            tiny_experiment(self.corpus, total_steps=3, max_steps_per_run=1), workdir,
+            print_fn=watch)
+        self.assertEqual((result["resumed_from"], result["step"]), (1, 2))
+        self.assertEqual(seen, [(True, str(os.getpid()))])  # held: a sweep leaves it alone
+        self.assertFalse(os.path.exists(lock))
+        self.assertIsNone(sweep.trainer_lock_owner(workdir))
+
+    def test_a_resume_reads_config_json_once_under_the_lock(self):
+        # It read it three times there (the early and the late resume check, the resume-free
+        # options' note), besides the check of the workdir's kind before the lock.
+        workdir = self.copy_of_one_step_run("c")
+        path = os.path.join(workdir, "config.json")
+        lines = []
+        with mock.patch.object(config_lib, "read_run_config_json",
+                               wraps=config_lib.read_run_config_json) as read:
+            result = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2),
+                                              workdir, print_fn=lines.append)
+        self.assertEqual((result["resumed_from"], result["step"]), (1, 2))
+        self.assertEqual([c.args for c in read.call_args_list], [(path,), (path,)])
+        # What the read is for still happens: a changed schedule option is reported.
+        self.assertTrue(any(line.startswith("warning: resuming with optimizer/schedule options")
+                            and "train.total_steps (1 -> 2)" in line for line in lines), lines)
+
     def test_changed_data_stream_is_refused(self):
         workdir = self.copy_of_one_step_run("d")
         cfg = tiny_experiment(self.corpus, total_steps=2)
@@ -664,10 +701,12 @@ class ResumeChecksTest(absltest.TestCase):
                 train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
                                          print_fn=lambda s: None)
             self.assertEqual(sorted(os.listdir(workdir)), [train.WORKDIR_LOCK])
-        # Released (the holder closed it, as a process's end does): the run goes ahead.
+        # Released (the holder closed it, as a process's end does): the run goes ahead, and
+        # deletes the file the other run left (as a killed run leaves it) when it ends.
         out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
                                        print_fn=lambda s: None)
         self.assertEqual(out["step"], 1)
+        self.assertNotIn(train.WORKDIR_LOCK, os.listdir(workdir))
 
     def test_changed_schedule_options_are_reported_on_resume(self):
         # Raising total_steps (how a finished run continues) or changing the LR recomputes the
@@ -843,8 +882,8 @@ class ResumeChecksTest(absltest.TestCase):
         os.makedirs(existing)
         with self.assertRaises(config_lib.ConfigError):
             train.train_and_evaluate(config, existing, print_fn=lambda s: None)
-        self.assertEqual(sorted(os.listdir(existing)),
-                         [train.WORKDIR_LOCK, train.CONSOLE_LOG, train.INVOCATIONS])
+        # (the lock file: deleted as the call ends, as after any run)
+        self.assertEqual(sorted(os.listdir(existing)), [train.CONSOLE_LOG, train.INVOCATIONS])
 
     def test_a_failed_fresh_workdir_with_saved_results_is_kept(self):
         made = os.path.join(self.tmp, "made")
