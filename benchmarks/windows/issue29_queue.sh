@@ -64,9 +64,10 @@
 #               then KDA S1 and S2 fwd+bwd against jla
 #   swiglu 520    Sec. 47.3: the GDN-pure 350M step (profile_train_step.py, stepprof's command)
 #               with --swiglu_packed=off then on, micro-batches of $TP_MB = 8
-#   dvn_hf 300    Sec. 48.2: the reverse state pass writes dVn heads-first (no XLA transpose
+#   dvn_hf 420    Sec. 48.2: the reverse state pass writes dVn heads-first (no XLA transpose
 #               before the dR product): the op's K2 + Mosaic-state-pass gpu tests, then KDA and
-#               GDN-2 S1, S2 fwd+bwd against jla with the per-kernel breakdown
+#               GDN-2 S1, S2 fwd+bwd against jla with the per-kernel breakdown, then what XLA's
+#               remaining fusions at S1 are (benchmarks/hlo_fusions.py)
 #   norm_ab 500   Sec. 47.7: rms_norm_gpu_test's gpu tests, then the same step with --set=model.norm_implementation=xla then =pallas
 #               (the one-pass Pallas RMSNorm kernels, pallas_kernels/common/rms_norm_gpu.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
@@ -100,7 +101,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 520;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
-  dvn_hf) echo 300;;
+  dvn_hf) echo 420;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -349,6 +350,14 @@ run_dvn_hf() {  # Sec. 48.2: dVn heads-first from the reverse state pass; gpu te
     --out=$O/dvn_hf/kda > $O/dvn_hf/kda.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate' $O/dvn_hf/kda.log | cut -c1-300
   cw_show $O/dvn_hf/kda.log
+  # what the remaining XLA fusions of the fwd+bwd step are (op_name metadata, fused ops)
+  local op n
+  for op in kda gdn2; do
+    n='loop_transpose_fusion|loop_convert\w*fusion|input_transpose_fusion|gemm_fusion_dot'
+    timeout 60 python3 benchmarks/hlo_fusions.py --op=$op --shape=S1 --names="$n" \
+      > $O/dvn_hf/hlo_$op.log 2>&1; echo "hlo $op rc=$? t=$((SECONDS-s))s"
+    cut -c1-260 $O/dvn_hf/hlo_$op.log | head -60
+  done
 }
 
 run_k2floor() {  # Sec. 47.5: K2 takes dg through g's floor; its gpu tests, then KDA S1 vs jla
