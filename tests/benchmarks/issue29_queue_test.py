@@ -176,9 +176,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # the order after 2026-12-07d (MOSAIC_GPU.md Sec. 47): KDA and GDN-2 against jla with
-        # K2's floor (Sec. 47.5's rule), the Pallas RMSNorm A/B, the 350M throughput
-        self.assertEqual(default, ["dvn_hf", "autooff_dn", "tp350"])
+        # the order after 2026-12-07e (MOSAIC_GPU.md Sec. 48): DeltaNet's same-run table, the
+        # 350M throughput
+        self.assertEqual(default, ["autooff_dn", "tp350"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
