@@ -1748,23 +1748,100 @@ def _workdir_lock(workdir: str):
         yield
 
 
+class _ClosedOutputGuard:
+    """A text stream (``sys.stdout`` / ``sys.stderr``) that outlives its reader.
+
+    When the reader of the process's output goes away (``train.py ... | tee log`` and a Ctrl-C
+    that also ends ``tee``; a sweep killed while its trainers run), every later write raises
+    ``BrokenPipeError``, and a run would stop at its next progress line without the checkpoint
+    its stop path saves. This wrapper passes writes through until the first broken pipe, then
+    points the stream's file descriptor at ``/dev/null`` (so the interpreter's last flush does
+    not fail either), drops the rest and calls ``on_close`` once; ``console.log`` keeps every
+    line.
+    """
+
+    def __init__(self, stream, on_close: Callable[[], None]):
+        self._stream = stream
+        self._on_close = on_close
+        self.closed_by_reader = False
+
+    def _broken(self) -> None:
+        if self.closed_by_reader:
+            return
+        self.closed_by_reader = True
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._stream.fileno())
+            finally:
+                os.close(null)
+        self._on_close()
+
+    def write(self, text):
+        if self.closed_by_reader:
+            return len(text)
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._broken()
+            return len(text)
+
+    def flush(self):
+        if self.closed_by_reader:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._broken()
+
+    def __getattr__(self, name):  # isatty, fileno, encoding, ...: the stream's own
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _survive_closed_output(note: Callable[[str], None]):
+    """Runs the block with ``sys.stdout`` and ``sys.stderr`` in :class:`_ClosedOutputGuard` (the
+    progress bar, created inside, writes through them too); ``note(stream name)`` is called
+    once per stream whose reader went away. Restores both streams after the block."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = _ClosedOutputGuard(saved[0], lambda: note("standard output"))
+    sys.stderr = _ClosedOutputGuard(saved[1], lambda: note("standard error"))
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def _train_and_evaluate_logged(config, workdir, print_fn, step, derived,
                                hold_signals_when_done=False):
     """:func:`train_and_evaluate` on process 0, under the workdir lock: the invocation recorded,
-    the progress lines also in ``console.log``."""
+    the progress lines also in ``console.log``. A closed standard output or error (its reader
+    gone: a pipe's ``tee`` ended by the same Ctrl-C, a killed sweep) does not stop the run: the
+    lines go on in ``console.log`` only (:class:`_ClosedOutputGuard`), and a Ctrl-C still saves
+    its checkpoint."""
     record_invocation(workdir, config)
     log_path = os.path.join(workdir, CONSOLE_LOG)
     with open(log_path, "a") as f:
         f.write(f"==== {_utc_now()}  {shlex.join(sys.argv)}\n")  # pastes back into a shell
 
     def logged(line: str) -> None:
-        print_fn(line)
+        try:
+            print_fn(line)
+        except BrokenPipeError:  # a print_fn holding the stream itself (not sys.stdout)
+            pass
         with open(log_path, "a") as f:
             f.write(line + "\n")
 
+    def closed(what: str) -> None:
+        with contextlib.suppress(OSError):
+            with open(log_path, "a") as f:
+                f.write(f"note: {what} closed by its reader (a pipe's reader ended); the run "
+                        f"goes on, its lines only in this file\n")
+
     try:
-        return _train_and_evaluate(config, workdir, logged, step, derived,
-                                   hold_signals_when_done)
+        with _survive_closed_output(closed):
+            return _train_and_evaluate(config, workdir, logged, step, derived,
+                                       hold_signals_when_done)
     except BaseException as e:
         with contextlib.suppress(OSError):  # a full disk: the error itself says it
             with open(log_path, "a") as f:

@@ -18,6 +18,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import tqdm
 from absl.testing import absltest
 
 from configs import default as default_config
@@ -52,6 +53,41 @@ class InterruptTest(CorpusTestCase):
         ckpt = checkpoint_lib.Checkpointer(workdir)
         self.assertEqual(ckpt.latest_step(), 2)
         ckpt.close()
+
+    def test_output_closed_by_its_reader_neither_stops_the_run_nor_loses_the_ctrl_c_save(self):
+        # `train.py ... | tee log` and a Ctrl-C that ends tee too: every write to the process's
+        # output then raises BrokenPipeError. Here stdout and stderr are a pipe whose read end
+        # is closed; the progress lines go through tqdm.write (the default print_fn) and the
+        # bar writes to stderr. Before the guard the run stopped at its first line, unsaved.
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        stream = os.fdopen(write_end, "w", buffering=1)
+        self.addCleanup(stream.close)
+        with self.assertRaises(BrokenPipeError):  # the stream is broken indeed
+            stream.write("x\n")
+        workdir = os.path.join(self.tmp, "w")
+
+        def print_fn(line):
+            tqdm.tqdm.write(line)  # sys.stdout looked up now: the guard
+            if line.startswith("step     2  train_loss"):
+                os.kill(os.getpid(), signal.SIGINT)
+
+        with mock.patch.object(sys, "stdout", stream), mock.patch.object(sys, "stderr", stream):
+            out = train.train_and_evaluate(
+                tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=5),
+                workdir, print_fn=print_fn)
+            self.assertIs(sys.stdout, stream)  # restored after the run
+        self.assertTrue(out["preempted"])
+        self.assertEqual(out["step"], 2)
+        ckpt = checkpoint_lib.Checkpointer(workdir)
+        self.assertEqual(ckpt.latest_step(), 2)
+        ckpt.close()
+        with open(os.path.join(workdir, train.CONSOLE_LOG)) as f:
+            log = f.read()
+        self.assertIn("note: standard output closed by its reader", log)
+        self.assertIn("step     2  train_loss", log)
+        self.assertIn("SIGINT", log)
+        stream.write("after\n")  # its descriptor now points at /dev/null: no error, no output
 
     def test_a_second_sigint_exits_at_once(self):
         # Whatever handler was there before (SIG_IGN here), the second Ctrl-C interrupts.
