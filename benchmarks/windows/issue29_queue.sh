@@ -92,6 +92,10 @@ if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
 fi
+SETUP_S=$SECONDS  # the wheels' install on a fresh machine: counted against the budget
+# The device copy's git metadata is not refreshed between calls, so the header also names the
+# code by content: the same command on the development machine gives the same digest.
+CODE=$(find pallas_kernels lattn_jax -name '*.py' | LC_ALL=C sort | xargs cat | sha1sum | cut -c1-12)
 STAMP=$(date -u +%Y%m%dT%H%M%S)
 I=${I29_TMP:-/tmp}; O=$I/i29out/$STAMP; mkdir -p $O $I/i29done
 LOG=$O/i29.log
@@ -512,12 +516,14 @@ run_cw_slab() {
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 
 {
-  echo "issue29 queue at $(git rev-parse --short HEAD 2>/dev/null) budget ${B}s items: $ITEMS"
+  echo "issue29 queue at $(git rev-parse --short HEAD 2>/dev/null) (code $CODE) budget ${B}s" \
+    "items: $ITEMS; setup ${SETUP_S}s"
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
   for it in $ITEMS; do
     [ -f $I/i29done/$it ] && { echo "== $it: done earlier on this machine"; continue; }
     e=$(est $it); left=$((B - SECONDS - 15))
-    [ $e -le $left ] || { echo "== $it: needs ${e}s, ${left}s left; skipped"; continue; }
+    [ $e -le $left ] || { echo "== $it: needs ${e}s, ${left}s left (setup took ${SETUP_S}s of" \
+      "the budget); skipped"; continue; }
     echo "== $it (estimate ${e}s) at ${SECONDS}s"
     run_$it; touch $I/i29done/$it
     echo "== $it ended at ${SECONDS}s"
