@@ -392,6 +392,9 @@ def drop_records_after(path: str, step: int) -> Tuple[int, Optional[str]]:
             f.writelines(keep)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp's file is 0600: the rewrite keeps the record's own permissions (0644 under
+        # the usual umask), so collaborators who could read the run's metrics still can.
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

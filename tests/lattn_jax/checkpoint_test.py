@@ -244,8 +244,10 @@ class DropRecordsAfterTest(absltest.TestCase):
             for step in range(1, 6):
                 f.write(json.dumps({"step": step, "train_loss": 3.0 - 0.1 * step}) + "\n")
             f.write('{"step": 6, "tra')  # the trainer killed mid-record
+        os.chmod(path, 0o644)
         dropped, discarded = checkpoint_lib.drop_records_after(path, 3)
         self.assertEqual((dropped, discarded), (2, f"{path}.discarded-3"))
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o644)  # not mkstemp's 0600
         records.append_record(path, {"step": 4, "train_loss": 2.6})
         self.assertEqual([r["step"] for r in records.read_records(path)], [1, 2, 3, 4])
 

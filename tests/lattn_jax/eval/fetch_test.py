@@ -85,6 +85,22 @@ class ManifestTest(absltest.TestCase):
                                              perplexity_files=("lm/wikitext-2-raw/wiki.test.raw",)))
 
 
+class WriteAtomicTest(absltest.TestCase):
+
+    def test_the_file_gets_the_umask_s_mode_not_mkstemp_s(self):
+        path = os.path.join(self.create_tempdir().full_path, "sub", "report.json")
+        for mask, want in ((0o022, 0o644), (0o077, 0o600)):
+            old = os.umask(mask)
+            try:
+                fetch.write_atomic(path, "{}" + str(mask))
+            finally:
+                os.umask(old)
+            self.assertEqual(os.stat(path).st_mode & 0o777, want, oct(mask))
+            with open(path) as f:
+                self.assertEqual(f.read(), "{}" + str(mask))
+        self.assertEqual(os.listdir(os.path.dirname(path)), ["report.json"])  # no temporaries
+
+
 class FetchTest(absltest.TestCase):
 
     def setUp(self):
