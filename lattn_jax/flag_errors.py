@@ -135,6 +135,10 @@ def describe_config_file_error(error, argv=()) -> Optional[str]:
 # parentheses, as a one-element tuple of the whole string ("gdn" -> ("gdn",), "gdn,attn" ->
 # ("gdn,attn",)): a silent one-layer model, or an unhelpful unknown-mixer error.
 TUPLE_OPTIONS = ("layer_pattern",)
+# Tuple-of-path options: one bare path is read as a one-element tuple (fine, and repeating the
+# option adds more), but a bare comma list ("/a,/b") fails inside ml_collections with a generic
+# "Error while parsing string ... as tuple" whose suggestion (quote it) gives one wrong path.
+PATH_TUPLE_OPTIONS = ("paths",)
 
 
 def _config_options(argv):
@@ -152,7 +156,8 @@ def _config_options(argv):
 
 def bare_tuple_override(argv) -> Optional[str]:
     """The error for a ``--config.<...>.layer_pattern`` value that is not written as a tuple
-    (``"('gdn','gdn','attn')"``), or ``None`` when every such option is one.
+    (``"('gdn','gdn','attn')"``), or for a ``--config.<...>.paths`` value that is a bare comma
+    list (``/a,/b``), or ``None`` when there is none.
 
     Args:
       argv: the command line (``--name=value`` and ``--name value`` forms).
@@ -165,6 +170,14 @@ def bare_tuple_override(argv) -> Optional[str]:
             return (f"--{name}={value}: write a tuple of mixer names, e.g. "
                     f"--{name}=\"{example}\"; without parentheses the whole value would be "
                     f"read as one layer named {value!r}")
+        if (name.rsplit(".", 1)[-1] in PATH_TUPLE_OPTIONS and "," in value
+                and not value.strip().startswith(("(", "["))):
+            parts = [v.strip() for v in value.split(",") if v.strip()]
+            example = ("(" + ",".join(repr(p) for p in parts)
+                       + ("," if len(parts) == 1 else "") + ")")
+            repeated = " ".join(f"--{name}={p}" for p in parts)
+            return (f"--{name}={value}: write several paths as a tuple, e.g. "
+                    f"--{name}=\"{example}\", or give the option once per path ({repeated})")
     return None
 
 

@@ -218,6 +218,20 @@ class CommandLineAndRunFileTest(absltest.TestCase):
                      ["t", "--config=configs/default.py:pattern=pure"]):
             self.assertIsNone(check(fine), fine)
 
+    def test_a_bare_comma_list_of_paths_names_both_ways_to_write_it(self):
+        # 2026-12-07 newcomer pass: --config.data.paths=/a,/b gave ml_collections' generic
+        # "Error while parsing string ... as tuple", whose suggestion (quote it) reads one path.
+        check = config_lib.bare_tuple_override
+        self.assertEqual(
+            check(["t", "--config.data.paths=/data/a.txt,/data/b.txt"]),
+            "--config.data.paths=/data/a.txt,/data/b.txt: write several paths as a tuple, e.g. "
+            "--config.data.paths=\"('/data/a.txt','/data/b.txt')\", or give the option once per "
+            "path (--config.data.paths=/data/a.txt --config.data.paths=/data/b.txt)")
+        self.assertIn("--config.data.paths=\"('/x',)\"", check(["t", "--config.data.paths", "/x,"]))
+        for fine in (["t", "--config.data.paths=/a"], ["t", "--config.data.paths=('/a','/b')"],
+                     ["t", "--config.data.paths=/a", "--config.data.paths=/b"]):
+            self.assertIsNone(check(fine), fine)
+
     def test_a_tuple_option_given_twice_is_refused(self):
         # ml_collections joined the two tuples: --config.model.layer_pattern="('gdn',)"
         # --config.model.layer_pattern="('attn',)" trained a two-layer ('gdn', 'attn') model,
