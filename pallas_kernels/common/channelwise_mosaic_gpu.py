@@ -822,7 +822,7 @@ def channelwise_backward_state_mosaic(
             them here (one more launch, the forward's maps launch); ignored when ``P = 1``.
         dvn_heads_first: static; return ``dvn`` as ``[B, H, T, V]`` (the same values; the
             layout ``channelwise_gpu._chunk_dr``'s product reads without a transpose: XLA's
-            0.10 ms transpose at KDA S1 on an H100, MOSAIC_GPU.md Sec. 48.2). The kernel's
+            0.09 ms transpose at KDA S1 on an H100, MOSAIC_GPU.md Sec. 48.2). The kernel's
             TMA stores write that layout directly.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
