@@ -1770,9 +1770,14 @@ class _ClosedOutputGuard:
             return
         self.closed_by_reader = True
         with contextlib.suppress(OSError, ValueError, AttributeError):
+            fd = self._stream.fileno()
+            # stdout and stderr on the same pipe (`2>&1 | tee`): both go to /dev/null, so that
+            # a line printed after the run (the binary's summary) does not fail either.
+            same = [other for other in (1, 2) if other != fd and _same_open_file(fd, other)]
             null = os.open(os.devnull, os.O_WRONLY)
             try:
-                os.dup2(null, self._stream.fileno())
+                for target in [fd] + same:
+                    os.dup2(null, target)
             finally:
                 os.close(null)
         self._on_close()
@@ -1796,6 +1801,15 @@ class _ClosedOutputGuard:
 
     def __getattr__(self, name):  # isatty, fileno, encoding, ...: the stream's own
         return getattr(self._stream, name)
+
+
+def _same_open_file(fd: int, other: int) -> bool:
+    """Whether the descriptors ``fd`` and ``other`` name the same open file (``False`` when
+    ``other`` is not open)."""
+    try:
+        return os.path.sameopenfile(fd, other)
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
