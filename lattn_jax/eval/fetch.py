@@ -29,7 +29,7 @@ import dataclasses
 import hashlib
 import os
 import pathlib
-import tempfile
+import secrets
 import urllib.parse
 import urllib.request
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -345,16 +345,20 @@ def write_atomic(path: str, data) -> None:
     folder and a rename, so a reader never sees a half-written file; creates the folder."""
     if isinstance(data, str):
         data = data.encode("utf-8")
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
-                               prefix=f".{os.path.basename(path)}.")
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    # A fresh name, created as a plain open() would (0666 less the umask: mkstemp's files are
+    # 0600) and exclusively, so two writers never share it.
+    while True:
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        # mkstemp's file is 0600: give it the mode a plain open() would (the umask's).
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
