@@ -1839,10 +1839,9 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step, derived,
         f.write(f"==== {_utc_now()}  {shlex.join(sys.argv)}\n")  # pastes back into a shell
 
     def logged(line: str) -> None:
-        try:
+        # (a print_fn holding its own stream, not sys.stdout, is past the guard below)
+        with contextlib.suppress(BrokenPipeError):
             print_fn(line)
-        except BrokenPipeError:  # a print_fn holding the stream itself (not sys.stdout)
-            pass
         with open(log_path, "a") as f:
             f.write(line + "\n")
 
