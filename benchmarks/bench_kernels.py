@@ -1278,8 +1278,14 @@ def breakdown_lines(records):
     return lines
 
 
+_START = time.monotonic()
+
+
 def _append(rec):
-    """Appends one record to ``<out>.jsonl`` at once, so a run cut short keeps what it measured."""
+    """Appends one record to ``<out>.jsonl`` at once, so a run cut short keeps what it measured.
+    Sets the record's ``t_s``: seconds since this process started (what compiling, the gate and
+    the profile cost per record, for planning a device window)."""
+    rec.setdefault("t_s", round(time.monotonic() - _START, 1))
     if _OUT.value:
         os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
         with open(_OUT.value + ".jsonl", "a") as f:

@@ -70,6 +70,13 @@
 #               remaining fusions at S1 are (benchmarks/hlo_fusions.py)
 #   norm_ab 500   Sec. 47.7: rms_norm_gpu_test's gpu tests, then the same step with --set=model.norm_implementation=xla then =pallas
 #               (the one-pass Pallas RMSNorm kernels, pallas_kernels/common/rms_norm_gpu.py)
+#   tab_gdn 265, tab_dn 400, tab_lgt 265, tab_kda 265, tab_gdn2 265  issue 29's acceptance table
+#               on the final kernels (Sec. 49): one op at S1, S2 and P1, fwd+bwd and fwd, ours
+#               (auto) and jla in one process per shape (so a cut-short item still has both at
+#               its first shapes), per-kernel breakdown; tab_dn adds the mosaic peer (DeltaNet's
+#               auto decision, Sec. 34.1's rule)
+#   tab_fla 500   the same table's fla column: all five ops at S1, S2, P1 (torch worker, Triton
+#               autotune kept in /tmp/flacache for a later call on the same machine)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
 # cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
@@ -106,6 +113,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   dvn_hf) echo 420;;
+  tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 265;; tab_dn) echo 400;; tab_fla) echo 500;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -512,6 +520,46 @@ run_cw_slab() {
   echo "rc=$? t=$((SECONDS-s))s"
   cw_ptxas channelwise_grad $O/cw_slab/slabs.log
   grep -a -h -E '^\| ' $O/cw_slab/slabs.md | cut -c1-200
+}
+tab_show() {  # one line per record: op shape pass peer gate kernel_ms wall_ms t_s, top kernels
+  cat "$@" | python3 -c 'import sys,json
+for l in sys.stdin:
+  if not l.startswith("{\"peer\""): continue
+  r=json.loads(l); k=r.get("kernels") or {}
+  top={n[:40]:round(v,3) for n,v in list(k.items())[:7]}
+  print(r["op"],r["shape"],r["pass_"],r["peer"],"gate" if r.get("gate") else "RED",
+        r.get("kernel_ms") and round(r["kernel_ms"],3),r.get("ms") and round(r["ms"],3),
+        "t="+str(r.get("t_s")),r.get("error","")[:120],top)' | cut -c1-420
+}
+
+run_tab() {  # run_tab <op> <peers> <limit_s>: S1, S2, P1, one bench process each (both peers
+  # of a shape in the same process), within limit_s in all
+  local op=$1 peers=$2 lim=$3 s=$SECONDS sh left d=$O/tab_$1
+  mkdir -p $d
+  for sh in S1 S2 P1; do
+    left=$((lim - SECONDS + s))
+    [ $left -ge 40 ] || { echo "tab $op $sh: ${left}s left, not run"; continue; }
+    timeout $left python3 benchmarks/bench_kernels.py --ops=$op --peers=$peers \
+      --passes=fwdbwd,fwd --shapes=$sh --breakdown_top=16 --iters=30 --warmup=5 \
+      --out=$d/$sh > $d/$sh.log 2>&1; echo "tab $op $sh rc=$? t=$((SECONDS-s))s"
+  done
+  grep -a -h '^gate' $d/*.log | sort -u | cut -c1-300
+  tab_show $d/*.jsonl
+}
+
+run_tab_gdn() { run_tab gdn ours,jla 260; }
+run_tab_dn() { run_tab deltanet mosaic,ours,jla 390; }
+run_tab_lgt() { run_tab lightning ours,jla 260; }
+run_tab_kda() { run_tab kda ours,jla 260; }
+run_tab_gdn2() { run_tab gdn2 ours,jla 260; }
+
+run_tab_fla() {  # the table's fla column, all five ops (fla's own autotuned configurations)
+  mkdir -p $O/tab_fla
+  timeout 490 python3 benchmarks/bench_kernels.py --ops=gdn,deltanet,lightning,kda,gdn2 \
+    --peers=fla --passes=fwdbwd,fwd --shapes=S1,S2,P1 --iters=30 --warmup=5 \
+    --fla_autotune_cache=/tmp/flacache --out=$O/tab_fla/fla > $O/tab_fla/fla.log 2>&1
+  echo "fla rc=$?"; grep -a -h -i 'fla worker failed' -A3 $O/tab_fla/fla.log | cut -c1-300
+  tab_show $O/tab_fla/fla.jsonl
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

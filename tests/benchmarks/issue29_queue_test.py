@@ -27,7 +27,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
-         "swiglu k2floor norm_ab dvn_hf").split()
+         "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -297,9 +297,9 @@ class Issue29QueueTest(absltest.TestCase):
                 body = re.search(r"^run_%s\(\) \{(.*?)^\}" % it, text, re.M | re.S).group(1)
             elapsed = 0  # the most seconds the item can have used so far
             for m in re.finditer(r"timeout (\d+) |timeout \$\(\((\d+) - SECONDS \+ s\)\)|"
-                                 r"split_loop ([\w: ]+)", body):
-                if m.group(1):
-                    elapsed += int(m.group(1))
+                                 r"split_loop ([\w: ]+)|run_tab \w+ [\w,]+ (\d+);", body):
+                if m.group(1) or m.group(4):  # run_tab's limit caps its three processes
+                    elapsed += int(m.group(1) or m.group(4))
                 elif m.group(2):  # a timeout of what is left: never <= 0 (0 is no limit)
                     self.assertGreaterEqual(int(m.group(2)) - elapsed, 10, f"{it}: {m.group(0)}")
                     elapsed = int(m.group(2))
