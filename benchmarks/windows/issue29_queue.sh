@@ -545,6 +545,7 @@ run_tab() {  # run_tab <op> <peers> <limit_s>: S1, S2, P1, one bench process eac
   done
   grep -a -h '^gate' $d/*.log | sort -u | cut -c1-300
   tab_show $d/*.jsonl
+  python3 benchmarks/acceptance.py $d/*.jsonl
 }
 
 run_tab_gdn() { run_tab gdn ours,jla 260; }
@@ -560,6 +561,7 @@ run_tab_fla() {  # the table's fla column, all five ops (fla's own autotuned con
     --fla_autotune_cache=/tmp/flacache --out=$O/tab_fla/fla > $O/tab_fla/fla.log 2>&1
   echo "fla rc=$?"; grep -a -h -i 'fla worker failed' -A3 $O/tab_fla/fla.log | cut -c1-300
   tab_show $O/tab_fla/fla.jsonl
+  python3 benchmarks/acceptance.py $O/tab_*/*.jsonl
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 
