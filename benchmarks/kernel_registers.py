@@ -60,6 +60,9 @@ _OP = flags.DEFINE_enum("op", "gdn", ["gdn", "deltanet", "kda", "gdn2"],
                         "Op whose kernels to compile.")
 _SHAPE = flags.DEFINE_list("shape", ["8", "4096", "16", "128"], "B,T,H,D of q, k and v.")
 _PASS = flags.DEFINE_enum("pass", "fwdbwd", ["fwd", "fwdbwd"], "Forward, or forward + VJP.")
+_SEGMENTS = flags.DEFINE_bool(
+    "segments", False, "kda and gdn2: with int32 segment_ids [B, T] (packed documents, the "
+    "benchmark's P1), so the kernels compile their document-mask paths.")
 _SPLIT = flags.DEFINE_bool("split_forward", None,
                            "Override kernel_gpu.TUNING['split_forward'] (default: as set).")
 _PTXAS = flags.DEFINE_string("ptxas", None, "ptxas binary (default: the one pip triton uses).")
@@ -100,6 +103,16 @@ def _with_vjp(fwd, with_vjp):
     return fwdbwd if with_vjp else fwd
 
 
+def _seg_specs(b, t):
+    """``[int32 segment_ids [B, T]]`` with ``--segments``, else ``[]``."""
+    return [jax.ShapeDtypeStruct((b, t), jnp.int32)] if _SEGMENTS.value else []
+
+
+def _seg_kwargs(seg):
+    """The op's ``segment_ids`` keyword for the traced ``seg`` (``()`` or ``(segment_ids,)``)."""
+    return dict(segment_ids=seg[0]) if seg else {}
+
+
 def kda(shape, with_vjp):
     """KDA (per-channel decay): bf16 q, k, v ``[B, T, H, D]``, fp32 g ``[B, T, H, D]``, beta."""
     b, t, h, d = shape
@@ -107,11 +120,11 @@ def kda(shape, with_vjp):
              + [jax.ShapeDtypeStruct((b, t, h, d), jnp.float32),
                 jax.ShapeDtypeStruct((b, t, h), jnp.float32)])
 
-    def fwd(q, k, v, g, beta):
+    def fwd(q, k, v, g, beta, *seg):
         return channelwise_gpu.channelwise_delta_pallas(q, k, v, g, beta, beta,
-                                                        scale=d ** -0.5)[0]
+                                                        scale=d ** -0.5, **_seg_kwargs(seg))[0]
 
-    return _with_vjp(fwd, with_vjp), specs
+    return _with_vjp(fwd, with_vjp), specs + _seg_specs(b, t)
 
 
 def gdn2(shape, with_vjp):
@@ -120,10 +133,11 @@ def gdn2(shape, with_vjp):
     specs = ([jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)] * 3
              + [jax.ShapeDtypeStruct((b, t, h, d), jnp.float32)] * 3)
 
-    def fwd(q, k, v, g, b_, w):
-        return channelwise_gpu.gdn2_pallas(q, k, v, g, b_, w, scale=d ** -0.5)[0]
+    def fwd(q, k, v, g, b_, w, *seg):
+        return channelwise_gpu.gdn2_pallas(q, k, v, g, b_, w, scale=d ** -0.5,
+                                           **_seg_kwargs(seg))[0]
 
-    return _with_vjp(fwd, with_vjp), specs
+    return _with_vjp(fwd, with_vjp), specs + _seg_specs(b, t)
 
 
 OPS = {"gdn": gdn, "deltanet": deltanet, "kda": kda, "gdn2": gdn2}

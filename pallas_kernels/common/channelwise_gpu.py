@@ -837,8 +837,10 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
        columns ``intra`` leaves unwritten), zeros above the diagonal (the output is
        uninitialised).
     2. ``A = (I + Mk)^{-1}`` blockwise. The four unit-lower diagonal blocks
-       ``A_ii = (I + L_i)^{-1}`` (``L_i`` = ``intra``'s ``mkd`` tile, strict lower and same
-       document) by forward substitution, one row r per step for all four blocks at once:
+       ``A_ii = (I + L_i)^{-1}`` (``L_i`` = ``intra``'s ``mkd`` tile, strict lower; without
+       the document mask, which A's tiles get as they are stored: exact, as documents are
+       contiguous runs of rows, see the comment at the substitution) by forward substitution,
+       one row r per step for all four blocks at once:
        ``(A_ii - I)[r] = a + sum_m a_m (A_ii - I)[m]`` with ``a = -L_i[r, :r]`` loaded from
        ``mkd_ref`` (fp32 elementwise: exact to fp32 rounding for every input dtype, no Newton
        step needed). Then the blocks below the diagonal by block forward substitution,
@@ -864,8 +866,6 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
     def blk(i):  # rows / columns of block i in a [C, C] matrix
         return pl.ds(SUB * i, SUB)
 
-    docs = [_load_docs(cfg, doc_ref, conn_ref, last_ref, b, rows(i))[0] for i in range(NSUB)]
-
     def with_mask(mask, other):
         return other if mask is None else mask if other is None else mask & other
 
@@ -878,11 +878,9 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
     r16, c16 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
     zero = jnp.zeros((SUB, SUB), F32)
 
-    # 1. Off-diagonal blocks of Mk and Mq; Mq out.
+    # 1. Off-diagonal blocks of Mk and Mq; Mq out (above the diagonal now, the rest after the
+    # products).
     for i in range(NSUB):
-        mq_ref[b, h, n, blk(i), blk(i)] = masked(
-            mqd_ref[b, h, n, blk(i), :], with_mask(r16 >= c16, same_doc(i, i))
-        ).astype(mq_ref.dtype)
         for j in range(i + 1, NSUB):
             mq_ref[b, h, n, blk(i), blk(j)] = zero.astype(mq_ref.dtype)
     # Key blocks outermost: each row block's tiles are loaded once per key block and the six
@@ -909,11 +907,19 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
         return tuple(a + o for a, o in zip(acc, out))
 
     acc = jax.lax.fori_loop(0, nkb, key_block, tuple(zero for _ in range(2 * len(pairs))))
+    # The document ids are loaded after the product loop, so that they and the masks formed
+    # from them are not live through it (with them loaded first, the loop spilled 116 bytes at
+    # 255 registers: benchmarks/kernel_registers.py --op=kda --segments).
+    docs = [_load_docs(cfg, doc_ref, conn_ref, last_ref, b, rows(i))[0] for i in range(NSUB)]
+    for i in range(NSUB):
+        mq_ref[b, h, n, blk(i), blk(i)] = masked(
+            mqd_ref[b, h, n, blk(i), :], with_mask(r16 >= c16, same_doc(i, i))
+        ).astype(mq_ref.dtype)
     mk = {}
     for x, (i, j) in enumerate(pairs):
         mq_ref[b, h, n, blk(i), blk(j)] = masked(acc[2 * x + 1], same_doc(i, j)).astype(
             mq_ref.dtype)
-        mk[i, j] = masked(acc[2 * x], same_doc(i, j))
+        mk[i, j] = acc[2 * x]  # unmasked: A's tiles are masked as they are stored (below)
 
     # 2. A = (I + Mk)^{-1}: the diagonal blocks by row-wise forward substitution (the four
     # blocks in lockstep, A_ii - I built row by row) ...
@@ -922,27 +928,31 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
     def substitute(r, strict_inv):
         out = []
         for i, x in enumerate(strict_inv):
-            keep = lane < r
-            if docs[i] is not None:
-                keep = keep & (docs[i] == doc_ref[b, t0 + SUB * i + r])
-            a = jnp.where(keep, -mkd_ref[b, h, n, SUB * i + r, :], 0.0)  # -L_i[r, :r]
+            a = jnp.where(lane < r, -mkd_ref[b, h, n, SUB * i + r, :], 0.0)  # -L_i[r, :r]
             a = a + jnp.sum(a[:, None] * x, axis=0)
             out.append(jnp.where(r16 == r, a[None, :], x))
         return tuple(out)
 
+    # Mk without its document mask (here and in the blocks below the diagonal): documents are
+    # contiguous runs of rows, so entry (r, c) of the inverse of a unit lower triangular
+    # matrix, which depends only on its entries in rows and columns c .. r, is the masked
+    # matrix's wherever r and c share a document (the same nonzero terms: every other term
+    # has an exact zero of the upper triangle as a factor); A's other entries are zeroed as
+    # its tiles are stored. So no mask is live through the substitution and the products.
     strict_inv = jax.lax.fori_loop(1, SUB, substitute, tuple(zero for _ in range(NSUB)))
     eye = jnp.where(r16 == c16, 1.0, 0.0).astype(F32)
     amat = {(i, i): x + eye for i, x in enumerate(strict_inv)}
-    # ... then the blocks below the diagonal, row block by row block.
-    for i in range(1, NSUB):
+    # ... then the blocks below the diagonal, row block by row block, each row block stored
+    # (masked) once it is complete, so that few masked copies are live at a time.
+    for i in range(NSUB):
         for j in range(i - 1, -1, -1):
             acc = pallas_gpu.dot_precise(mk[i, j], amat[j, j], mdt)
             for m in range(j + 1, i):
                 acc = acc + pallas_gpu.dot_precise(mk[i, m], amat[m, j], mdt)
             amat[i, j] = -pallas_gpu.dot_precise(amat[i, i], acc, mdt)
-    for i in range(NSUB):
         for j in range(NSUB):
-            a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
+            a_ref[b, h, n, blk(i), blk(j)] = masked(amat.get((i, j), zero),
+                                                    same_doc(i, j)).astype(a_ref.dtype)
 
 
 def _wu_kernel(krg_ref, v_ref, vs_ref, gam_ref, conn_ref, a_ref, w_ref, u_ref, e_ref, *, cfg):
