@@ -53,6 +53,7 @@ from jaxlib.triton import dialect as tt_dialect  # noqa: E402
 
 from pallas_kernels.common import channelwise_gpu  # noqa: E402
 from pallas_kernels.gated_delta_rule import kernel_gpu  # noqa: E402
+from pallas_kernels.gdn2 import kernel_gpu as gdn2_kernel_gpu  # noqa: E402
 
 CAPABILITY = 90  # H200 (sm_90a)
 
@@ -134,7 +135,7 @@ def gdn2(shape, with_vjp):
              + [jax.ShapeDtypeStruct((b, t, h, d), jnp.float32)] * 3)
 
     def fwd(q, k, v, g, b_, w, *seg):
-        return channelwise_gpu.gdn2_pallas(q, k, v, g, b_, w, scale=d ** -0.5,
+        return gdn2_kernel_gpu.gdn2_pallas(q, k, v, g, b_, w, scale=d ** -0.5,
                                            **_seg_kwargs(seg))[0]
 
     return _with_vjp(fwd, with_vjp), specs + _seg_specs(b, t)
