@@ -869,8 +869,14 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
     def with_mask(mask, other):
         return other if mask is None else mask if other is None else mask & other
 
-    def same_doc(i, j):  # [SUB, SUB]: row of block i and column of block j in one document
-        return None if docs[i] is None else docs[i][:, None] == docs[j][None, :]
+    def same_doc(i, j):  # [SUB, SUB]: row of block i and column of block j <= i in one document
+        # (documents are contiguous runs: column c shares row r's document iff c is at or after
+        # the row's document start; a [SUB, 1] tile against a column iota, no column vector).
+        # The starts are loaded where each mask is formed, after the product loop, so that
+        # neither they nor the masks are live through the loop or the substitution (with the
+        # document ids loaded before the loop it spilled 116 bytes at 255 registers, with the
+        # starts loaded once after it 24: benchmarks/kernel_registers.py --op=kda --segments).
+        return None if not cfg["has_docs"] else SUB * j + c16 >= doc_ref[b, rows(i), :]
 
     def masked(tile, mask):
         return tile if mask is None else jnp.where(mask, tile, 0.0)
@@ -907,10 +913,6 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
         return tuple(a + o for a, o in zip(acc, out))
 
     acc = jax.lax.fori_loop(0, nkb, key_block, tuple(zero for _ in range(2 * len(pairs))))
-    # The document ids are loaded after the product loop, so that they and the masks formed
-    # from them are not live through it (with them loaded first, the loop spilled 116 bytes at
-    # 255 registers: benchmarks/kernel_registers.py --op=kda --segments).
-    docs = [_load_docs(cfg, doc_ref, conn_ref, last_ref, b, rows(i))[0] for i in range(NSUB)]
     for i in range(NSUB):
         mq_ref[b, h, n, blk(i), blk(i)] = masked(
             mqd_ref[b, h, n, blk(i), :], with_mask(r16 >= c16, same_doc(i, i))
@@ -951,8 +953,8 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
                 acc = acc + pallas_gpu.dot_precise(mk[i, m], amat[m, j], mdt)
             amat[i, j] = -pallas_gpu.dot_precise(amat[i, i], acc, mdt)
         for j in range(NSUB):
-            a_ref[b, h, n, blk(i), blk(j)] = masked(amat.get((i, j), zero),
-                                                    same_doc(i, j)).astype(a_ref.dtype)
+            a_ref[b, h, n, blk(i), blk(j)] = (masked(amat[i, j], same_doc(i, j)) if j <= i
+                                              else zero).astype(a_ref.dtype)
 
 
 def _wu_kernel(krg_ref, v_ref, vs_ref, gam_ref, conn_ref, a_ref, w_ref, u_ref, e_ref, *, cfg):
@@ -981,6 +983,20 @@ def _wu_kernel(krg_ref, v_ref, vs_ref, gam_ref, conn_ref, a_ref, w_ref, u_ref, e
         u_ref[b, tsl, h, vsl] = mm(amat, vw, mdt).astype(u_ref.dtype)
 
 
+def _doc_starts(doc):
+    """int32 ``[B, Tp, 1]``: each token's chunk-local index of its document's first token in
+    its chunk (0 when the document began in an earlier chunk), from the document ids ``doc``
+    (``[B, Tp]``, non-decreasing: :func:`pallas_gpu.docs_from_segment_ids`). Row ``r`` and
+    column ``c <= r`` of a chunk share a document iff ``c >= start[r]``."""
+    bsz, tp = doc.shape
+    dc = doc.reshape(bsz, tp // CHUNK, CHUNK)
+    pos = jnp.arange(CHUNK, dtype=jnp.int32)
+    first = jnp.concatenate([jnp.ones_like(dc[..., :1], bool), dc[..., 1:] != dc[..., :-1]],
+                            axis=-1)
+    starts = jax.lax.cummax(jnp.where(first, pos, 0), axis=2)
+    return starts.reshape(bsz, tp, 1).astype(jnp.int32)
+
+
 def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     """The ``intra``, ``prepare`` and ``wu`` kernels (named ``channelwise_intra``,
     ``channelwise_prepare`` and ``channelwise_wu``), which form ``kr = k ks`` and ``vw = v vs``
@@ -997,10 +1013,13 @@ def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     # _chunk_dr) rounds them to it before its product, so storing them rounded changes nothing
     # but halves their HBM traffic for half-precision inputs.
     mats = jax.ShapeDtypeStruct((bsz, heads, nc, CHUNK, CHUNK), cfg["mm_dtype"])
+    # prepare reads each token's document start in its chunk (as doc_ref), not the ids
+    starts = [("doc_ref", _doc_starts(docs[0])), ("conn_ref", None),
+              ("last_ref", None)] if docs else _doc_inputs(docs)
     outs = _pallas(
         _prepare_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("mkd_ref", intra["mkd_ref"]), ("mqd_ref", intra["mqd_ref"])],
+        + starts + [("mkd_ref", intra["mkd_ref"]), ("mqd_ref", intra["mqd_ref"])],
         outputs=[("a_ref", mats), ("mq_ref", mats)],
         grid=(nc, bsz * heads), tune="prepare", name="channelwise_prepare",
     )

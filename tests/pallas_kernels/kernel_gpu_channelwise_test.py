@@ -423,6 +423,27 @@ class DecayRowsTest(parameterized.TestCase):
                                    inputs["g"], ())
 
 
+class DocStartsTest(absltest.TestCase):
+
+    def test_hand_computed_starts_of_two_rows(self):
+        # Row 0: documents of 10, 30, 3, 21 and 64 tokens (boundaries at 10, 40, 43 in chunk 0
+        # and 64 on the chunk edge); row 1: 70 tokens then 58 (a document across the edge).
+        rows = ([10, 30, 3, 21, 64], [70, 58])
+        doc = jnp.asarray(np.stack([np.repeat(np.arange(len(r)), r) for r in rows]), jnp.int32)
+        got = np.asarray(channelwise_gpu._doc_starts(doc))[..., 0]
+        want = np.zeros((2, 128), np.int32)
+        for t, start in ((range(10, 40), 10), (range(40, 43), 40), (range(43, 64), 43)):
+            want[0, list(t)] = start
+        want[1, 70:] = 6  # chunk 1's second document starts at its local index 6
+        np.testing.assert_array_equal(got, want)
+        # the kernel's mask: c <= r share a document iff c >= start[r]; against the ids
+        for b in range(2):
+            for n in range(2):
+                ids = np.asarray(doc)[b, 64 * n:64 * (n + 1)]
+                r, c = np.tril_indices(64)
+                np.testing.assert_array_equal(c >= got[b, 64 * n + r], ids[r] == ids[c])
+
+
 class PrepareWidthsTest(parameterized.TestCase):
     """``prepare``'s key-block width (``TUNING["prepare_k"]``) changes only the order of its
     sums: outputs with the default width (16) against the whole key head dim in one block, in
