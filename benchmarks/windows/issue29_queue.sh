@@ -546,6 +546,8 @@ run_tab() {  # run_tab <op> <peers> <limit_s>: S1, S2, P1, one bench process eac
   grep -a -h '^gate' $d/*.log | sort -u | cut -c1-300
   tab_show $d/*.jsonl
   python3 benchmarks/acceptance.py $d/*.jsonl
+  # DeltaNet's ours is the Triton kernels while it is in AUTO_OFF: the Mosaic op's verdicts too
+  [ $op != deltanet ] || python3 benchmarks/acceptance.py --ours=mosaic $d/*.jsonl
 }
 
 run_tab_gdn() { run_tab gdn ours,jla 330; }
