@@ -79,15 +79,61 @@ for argv in json.loads(sys.stdin.read()):
     print(json.dumps(dict(marker=g._MARKER.value, paths=rest[1:])))
 """
 
-_ARGPARSE = """import argparse, json, runpy, sys
+# Each command line's argparse parse, all in one process (each launch paid the interpreter's start
+# and the script's imports, jax's included: about 2.5 s of CPU on the 2-core CI machine): the
+# script runs as __main__ until its parser has parsed, which prints "OK" and exits. Each command
+# line's stdout and stderr are captured on their own; the last line printed is their JSON list.
+_ARGPARSE = """import argparse, contextlib, io, json, runpy, sys, traceback
 parse = argparse.ArgumentParser.parse_args
 def parse_and_stop(self, *a, **k):
     parse(self, *a, **k)
     print("OK")
     sys.exit(0)
 argparse.ArgumentParser.parse_args = parse_and_stop
-sys.argv = json.loads(sys.stdin.read())
-runpy.run_path(sys.argv[0], run_name="__main__")
+outputs = []
+for argv in json.loads(sys.stdin.read()):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        sys.argv = list(argv)
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as e:
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except Exception:
+            traceback.print_exc()
+    outputs.append(dict(stdout=out.getvalue(), stderr=err.getvalue()))
+print(json.dumps(outputs))
+"""
+
+# ``pytest --collect-only -q -p no:cacheprovider`` with each argument list, from one process:
+# it imports pytest and jax (what every collection imports first) once, then forks a child per
+# argument list that runs ``pytest.main`` with its stdout and stderr in files of argv[1]; it
+# prints each child's exit status, one JSON line each. (Each ``python -m pytest`` start cost
+# about 3 s on the 2-core CI machine.)
+_COLLECT = """import json, os, sys
+import jax  # noqa: F401
+import pytest
+outdir = sys.argv[1]
+for i, args in enumerate(json.loads(sys.stdin.read())):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for fd, name in ((1, "out"), (2, "err")):
+                target = os.open(os.path.join(outdir, f"{i}.{name}"),
+                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(target, fd)
+                os.close(target)
+            code = int(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider"] + args))
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
 """
 
 
@@ -97,24 +143,37 @@ def _python(code, payload):
                           env=env, capture_output=True, text=True, timeout=300)
 
 
-def _collect(args):
-    """``pytest --collect-only -q`` with ``args`` (-m, -k, paths) in the repository root."""
+def _collect(arg_lists):
+    """``pytest --collect-only -q`` with each of ``arg_lists`` (-m, -k, paths) in the repository
+    root: a ``subprocess.CompletedProcess`` each (returncode, stdout, stderr), from one
+    process's forks (``_COLLECT``)."""
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                           "-p", "no:cacheprovider"] + args, cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    with tempfile.TemporaryDirectory(prefix="issue29_collect_") as outdir:
+        driver = subprocess.run([sys.executable, "-c", _COLLECT, outdir],
+                                input=json.dumps([list(a) for a in arg_lists]), cwd=ROOT,
+                                env=env, capture_output=True, text=True,
+                                timeout=300 * len(arg_lists))
+        statuses = [json.loads(line) for line in driver.stdout.splitlines() if line.strip()]
+        if driver.returncode != 0 or len(statuses) != len(arg_lists):
+            raise AssertionError(f"collection driver failed: {driver.stderr[-3000:]}")
+        results = []
+        for i, (args, status) in enumerate(zip(arg_lists, statuses)):
+            outputs = []
+            for name in ("out", "err"):
+                with open(os.path.join(outdir, f"{i}.{name}"), encoding="utf-8") as f:
+                    outputs.append(f.read())
+            results.append(subprocess.CompletedProcess(list(args), status, *outputs))
+        return results
 
 
-def _collected(args):
-    """How many tests ``pytest --collect-only`` selects with ``args`` (-m, -k, paths)."""
-    result = _collect(args)
+def _collected(result):
+    """How many tests a ``_collect`` result selected (-m, -k, paths)."""
     m = re.search(r"^(\d+)(?:/\d+)? tests? collected", result.stdout, re.M)
     return (int(m.group(1)) if m and result.returncode == 0 else 0), result.stdout[-2000:]
 
 
-def _collected_ids(args):
-    """The node ids ``pytest --collect-only -q`` selects with ``args`` (-m, paths)."""
-    result = _collect(args)
+def _collected_ids(result):
+    """The node ids a ``_collect`` result selected (-m, paths)."""
     if result.returncode != 0:
         raise AssertionError(f"collection failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
     return {line.strip() for line in result.stdout.splitlines() if "::" in line}
@@ -147,6 +206,15 @@ class Issue29QueueTest(absltest.TestCase):
         result = _python(code, argvs[0])
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def _argparse_outputs(self, script, argvs):
+        """Each of ``argvs`` through ``script``'s argparse parser (``_ARGPARSE``, one process):
+        a dict of the stdout and stderr of each."""
+        result = _python(_ARGPARSE, [[script] + list(argv) for argv in argvs])
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        outputs = json.loads(result.stdout.strip().splitlines()[-1])
+        self.assertLen(outputs, len(argvs))
+        return outputs
 
     def test_every_item_ran(self):
         for it in ITEMS:
@@ -193,16 +261,15 @@ class Issue29QueueTest(absltest.TestCase):
     def test_bench_gva_loop_arguments_parse(self):
         argvs = self._calls("benchmarks/bench_gva_loop.py")
         self.assertNotEmpty(argvs)
-        for argv in argvs:
-            result = _python(_ARGPARSE, ["benchmarks/bench_gva_loop.py"] + argv)
-            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+        for result in self._argparse_outputs("benchmarks/bench_gva_loop.py", argvs):
+            self.assertEqual(result["stdout"].strip(), "OK", result["stderr"][-3000:])
 
     def test_tp350_runs_the_throughput_binary_with_each_gdn_implementation(self):
         argvs = self._calls("benchmarks/train_throughput.py")
         self.assertLen(argvs, 2)  # tp350: auto, then pallas
-        for argv, impl in zip(argvs, ("auto", "pallas")):
-            result = _python(_ARGPARSE, ["benchmarks/train_throughput.py"] + argv)
-            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+        outputs = self._argparse_outputs("benchmarks/train_throughput.py", argvs)
+        for argv, impl, result in zip(argvs, ("auto", "pallas"), outputs):
+            self.assertEqual(result["stdout"].strip(), "OK", result["stderr"][-3000:])
             extra = [a for a in argv if a.startswith("--extra=")]
             self.assertEqual(extra, [f"--extra=--config.data.val_fraction=0.05 "
                                      f"--config.model.gdn.implementation={impl}"])
@@ -219,9 +286,9 @@ class Issue29QueueTest(absltest.TestCase):
         argvs = self._calls("benchmarks/profile_train_step.py")
         self.assertLen(argvs, 5)
         norms = []
-        for argv in argvs:
-            result = _python(_ARGPARSE, ["benchmarks/profile_train_step.py"] + argv)
-            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+        outputs = self._argparse_outputs("benchmarks/profile_train_step.py", argvs)
+        for argv, result in zip(argvs, outputs):
+            self.assertEqual(result["stdout"].strip(), "OK", result["stderr"][-3000:])
             sets = [a.split("=", 1)[1] for a in argv if a.startswith("--set=")]
             self.assertEqual(sets[:2], ["train.micro_batch_size=8",
                                         "model.gdn.implementation=auto"])
@@ -253,17 +320,20 @@ class Issue29QueueTest(absltest.TestCase):
         paths = {}  # marker -> the paths of the calls with it
         for call in parsed:
             paths.setdefault(call["marker"], []).extend(call["paths"])
-        for marker, marked in paths.items():
-            # one collection for all paths of a marker (each pytest start costs seconds), then
-            # each path on its own: none may select nothing
-            ids = _collected_ids(["-m", marker] + sorted(set(marked)))
-            for path in marked:
+        # one collection for all paths of a marker (each pytest start costs seconds), then
+        # each path on its own: none may select nothing
+        markers = list(paths)
+        results = _collect([["-m", marker] + sorted(set(paths[marker])) for marker in markers])
+        for marker, result in zip(markers, results):
+            ids = _collected_ids(result)
+            for path in paths[marker]:
                 self.assertTrue(any(i == path or i.startswith(path + "::") for i in ids),
                                 f"{path} selects no test; collected: {sorted(ids)[:20]}")
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
         self.assertLen(argvs, 4)  # t0glue, vk, split2, norm_ab
+        selections = []
         for argv in argvs:
             keep, i = [], 0
             while i < len(argv):
@@ -278,7 +348,9 @@ class Issue29QueueTest(absltest.TestCase):
                 if not a.startswith("-"):
                     keep.append(a)
                 i += 1
-            n, out = _collected(keep)
+            selections.append(keep)
+        for keep, result in zip(selections, _collect(selections)):  # one process's forks
+            n, out = _collected(result)
             self.assertGreater(n, 0, f"{keep}: {out}")
 
     def test_estimates_cover_the_timeout_caps(self):
