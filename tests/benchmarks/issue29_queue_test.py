@@ -11,9 +11,11 @@ A typo'd flag or a renamed test fails here instead of costing GPU minutes. Also:
 estimates of ``est()`` cover each item's ``timeout`` caps.
 """
 
+import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ import tempfile
 from absl.testing import absltest
 
 from lattn_jax import config as config_lib
+from tests import binary_runs
 from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -137,10 +140,47 @@ for i, args in enumerate(json.loads(sys.stdin.read())):
 """
 
 
+# ``python -c <code>`` with ``payload`` (JSON) on stdin, as a file binary_runs can run: its
+# driver imports what every snippet's benchmark module imports first (jax, Pallas, the library)
+# once, and each snippet runs in a fork of it (a process of its own: its own absl flags, exit
+# status, stdout and stderr). Each launch of its own cost about 2.5 s of the 2-core CI machine.
+# The benchmark modules themselves are imported by the snippets, in their forks: some define
+# flags of the same names (--out, --iters) at import.
+_SNIPPET_MAIN = """import io
+import json
+import sys
+
+import jax  # noqa: F401
+import jax.numpy  # noqa: F401
+import numpy  # noqa: F401
+from absl import flags  # noqa: F401
+from jax.experimental import pallas  # noqa: F401
+
+import lattn_jax.config  # noqa: F401
+import pallas_kernels  # noqa: F401
+
+code, payload = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[:1]
+sys.stdin = io.StringIO(payload)
+exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+"""
+_snippet_main = []  # the file, written at the first use
+
+
 def _python(code, payload):
+    """``subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), cwd=ROOT,
+    capture_output=True, text=True, timeout=300)`` with PYTHONPATH=ROOT and JAX_PLATFORMS=cpu,
+    as a fork of binary_runs' driver (``_SNIPPET_MAIN``)."""
+    if not _snippet_main:
+        directory = tempfile.mkdtemp(prefix="issue29_snippets_")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        path = os.path.join(directory, "snippet_main.py")
+        with open(path, "w") as f:
+            f.write(_SNIPPET_MAIN)
+        _snippet_main.append(path)
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return binary_runs.run([sys.executable, _snippet_main[0], code, json.dumps(payload)],
+                           env=env, timeout=300)
 
 
 def _collect(arg_lists):
