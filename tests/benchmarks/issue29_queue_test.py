@@ -109,34 +109,13 @@ for argv in json.loads(sys.stdin.read()):
 print(json.dumps(outputs))
 """
 
-# ``pytest --collect-only -q -p no:cacheprovider`` with each argument list, from one process:
-# it imports pytest and jax (what every collection imports first) once, then forks a child per
-# argument list that runs ``pytest.main`` with its stdout and stderr in files of argv[1]; it
-# prints each child's exit status, one JSON line each. (Each ``python -m pytest`` start cost
-# about 3 s on the 2-core CI machine.)
-_COLLECT = """import json, os, sys
-import jax  # noqa: F401
+# ``pytest --collect-only -q -p no:cacheprovider`` with the argument list on stdin (a snippet
+# of ``_python``: a fork of the driver that imported jax and pytest once; each ``python -m
+# pytest`` start cost about 3 s on the 2-core CI machine).
+_COLLECT = """import json, sys
 import pytest
-outdir = sys.argv[1]
-for i, args in enumerate(json.loads(sys.stdin.read())):
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            for fd, name in ((1, "out"), (2, "err")):
-                target = os.open(os.path.join(outdir, f"{i}.{name}"),
-                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                os.dup2(target, fd)
-                os.close(target)
-            code = int(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider"] + args))
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
+sys.exit(int(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider"]
+                         + json.loads(sys.stdin.read()))))
 """
 
 
@@ -153,6 +132,7 @@ import sys
 import jax  # noqa: F401
 import jax.numpy  # noqa: F401
 import numpy  # noqa: F401
+import pytest  # noqa: F401
 from absl import flags  # noqa: F401
 from jax.experimental import pallas  # noqa: F401
 
@@ -185,25 +165,8 @@ def _python(code, payload):
 
 def _collect(arg_lists):
     """``pytest --collect-only -q`` with each of ``arg_lists`` (-m, -k, paths) in the repository
-    root: a ``subprocess.CompletedProcess`` each (returncode, stdout, stderr), from one
-    process's forks (``_COLLECT``)."""
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    with tempfile.TemporaryDirectory(prefix="issue29_collect_") as outdir:
-        driver = subprocess.run([sys.executable, "-c", _COLLECT, outdir],
-                                input=json.dumps([list(a) for a in arg_lists]), cwd=ROOT,
-                                env=env, capture_output=True, text=True,
-                                timeout=300 * len(arg_lists))
-        statuses = [json.loads(line) for line in driver.stdout.splitlines() if line.strip()]
-        if driver.returncode != 0 or len(statuses) != len(arg_lists):
-            raise AssertionError(f"collection driver failed: {driver.stderr[-3000:]}")
-        results = []
-        for i, (args, status) in enumerate(zip(arg_lists, statuses)):
-            outputs = []
-            for name in ("out", "err"):
-                with open(os.path.join(outdir, f"{i}.{name}"), encoding="utf-8") as f:
-                    outputs.append(f.read())
-            results.append(subprocess.CompletedProcess(list(args), status, *outputs))
-        return results
+    root: a ``subprocess.CompletedProcess`` each (returncode, stdout, stderr; ``_COLLECT``)."""
+    return [_python(_COLLECT, list(args)) for args in arg_lists]
 
 
 def _collected(result):
