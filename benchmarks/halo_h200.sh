@@ -61,7 +61,7 @@
 # manifest is copied to $WORK/teacher_text/manifest.json. Extra config arguments, appended to
 # configs/halo_smollm2.py:h200,... (e.g. stage2_len=2048): CONFIG_ARGS. Extra pipeline flags:
 # HALO_FLAGS; extra generation flags: GEN_FLAGS. SHOW_S: seconds `generate` and `start` wait
-# before showing the log (45, 30).
+# before showing the log (45, 30). WAIT_POLL_S: seconds between `wait`'s checks of the run (2).
 set -euo pipefail
 cmd=${1:?usage: halo_h200.sh pack|receive|generate|prepare|start|wait|collect ...}
 # Whitespace alone is no flag (BRANCH_FLAGS=' ' would rerun the main run's stages as a branch).
@@ -273,7 +273,7 @@ case "$cmd" in
     seconds=${1:?seconds}
     end=$((SECONDS + seconds))
     while (( SECONDS < end )) && { alive "$WORK.driver.pid" || alive "$WORK.gen.pid"; }; do
-      sleep 2
+      sleep "${WAIT_POLL_S:-2}"
     done
     if alive "$WORK.gen.pid"; then echo "generation: running"; tail -n 3 "$WORK.gen.log"; fi
     alive "$WORK.driver.pid" && echo "pipeline: running" || echo "pipeline: not running"

@@ -4,11 +4,14 @@ A test that checks a binary's one-line errors launched ``python <binary> <flags>
 bad command line, and each launch paid the interpreter's start and the imports of jax,
 ml_collections and the library (about 2.5 s of CPU on the 2-core CI machine) to print one line.
 :class:`Runner` (and :func:`run_many`) starts one Python process, imports the modules the
-binary imports at its top level once, then for each command line forks a child that executes
-the binary's file as ``__main__`` (``runpy.run_path``) with that ``sys.argv``: its own process,
-exit status, stdout and stderr, as a separate launch gives. Only the imports are shared:
-nothing the binary does happens before the fork. Not for tests whose point is the process
-itself (signals to a launched process, its start-up environment): those keep ``subprocess``.
+binary imports at its top level once (for ``experiments/train.py`` also, once a child has
+imported them, the modules a training run imports later: tensorboardX, which imports torch
+where installed, and matplotlib's Agg backend), then for each command line forks a child that
+executes the binary's file as ``__main__`` (``runpy.run_path``) with that ``sys.argv``: its
+own process, exit status, stdout and stderr, as a separate launch gives. Only the imports are
+shared: nothing the binary does happens before the fork. Not for tests whose point is the
+process itself (signals to a launched process, its start-up environment): those keep
+``subprocess``.
 
 The child ends as the interpreter would: ``SystemExit(None)`` -> 0, an int -> that status, any
 other value -> printed to stderr and status 1; an uncaught exception -> its traceback, status 1.
@@ -37,6 +40,17 @@ import ast, contextlib, importlib, json, os, runpy, signal, sys, time, traceback
 outdir = sys.argv[1]
 sys.path.insert(0, os.getcwd())
 imported = set()
+# Modules a binary imports later than at its top, by the binary's path in the repository: a
+# training run's MetricsWriter imports tensorboardX (which imports torch where it is installed:
+# about 1.7 s of each such child) and its loss plot matplotlib's Agg backend. Once a child has
+# imported them, the driver imports them too, for the children after it (a child that stops
+# before, e.g. at a bad flag, costs the driver nothing).
+LAZY = {"experiments/train.py": ("tensorboardX", "matplotlib.backends.backend_agg",
+                                 "matplotlib.figure")}
+
+
+def lazy_modules(binary):
+    return LAZY.get(os.path.relpath(os.path.abspath(binary)), ())
 
 
 def import_top_level(binary):
@@ -92,6 +106,10 @@ for i, line in enumerate(sys.stdin):
             try:
                 sys.stdout.flush()
                 sys.stderr.flush()
+                loaded = [m for m in lazy_modules(binary) if m in sys.modules]
+                if loaded:  # for the driver (LAZY)
+                    with open(os.path.join(outdir, f"{i}.lazy"), "w") as f:
+                        json.dump(loaded, f)
             finally:
                 os._exit(status)
     deadline, pause = time.monotonic() + timeout, 0.001
@@ -107,6 +125,12 @@ for i, line in enumerate(sys.stdin):
             break
         time.sleep(pause)
         pause = min(2 * pause, 0.05)
+    lazy = os.path.join(outdir, f"{i}.lazy")
+    if os.path.exists(lazy):
+        with open(lazy) as f:
+            for name in json.load(f):
+                importlib.import_module(name)
+        os.remove(lazy)
     answers.write(json.dumps(answer) + "\n")
     answers.flush()
 """

@@ -11,9 +11,11 @@ A typo'd flag or a renamed test fails here instead of costing GPU minutes. Also:
 estimates of ``est()`` cover each item's ``timeout`` caps.
 """
 
+import atexit
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ import tempfile
 from absl.testing import absltest
 
 from lattn_jax import config as config_lib
+from tests import binary_runs
 from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -79,42 +82,101 @@ for argv in json.loads(sys.stdin.read()):
     print(json.dumps(dict(marker=g._MARKER.value, paths=rest[1:])))
 """
 
-_ARGPARSE = """import argparse, json, runpy, sys
+# Each command line's argparse parse, all in one process (each launch paid the interpreter's start
+# and the script's imports, jax's included: about 2.5 s of CPU on the 2-core CI machine): the
+# script runs as __main__ until its parser has parsed, which prints "OK" and exits. Each command
+# line's stdout and stderr are captured on their own; the last line printed is their JSON list.
+_ARGPARSE = """import argparse, contextlib, io, json, runpy, sys, traceback
 parse = argparse.ArgumentParser.parse_args
 def parse_and_stop(self, *a, **k):
     parse(self, *a, **k)
     print("OK")
     sys.exit(0)
 argparse.ArgumentParser.parse_args = parse_and_stop
-sys.argv = json.loads(sys.stdin.read())
-runpy.run_path(sys.argv[0], run_name="__main__")
+outputs = []
+for argv in json.loads(sys.stdin.read()):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        sys.argv = list(argv)
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as e:
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except Exception:
+            traceback.print_exc()
+    outputs.append(dict(stdout=out.getvalue(), stderr=err.getvalue()))
+print(json.dumps(outputs))
+"""
+
+# ``pytest --collect-only -q -p no:cacheprovider`` with the argument list on stdin (a snippet
+# of ``_python``: a fork of the driver that imported jax and pytest once; each ``python -m
+# pytest`` start cost about 3 s on the 2-core CI machine).
+_COLLECT = """import json, sys
+import pytest
+sys.exit(int(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider"]
+                         + json.loads(sys.stdin.read()))))
 """
 
 
+# ``python -c <code>`` with ``payload`` (JSON) on stdin, as a file binary_runs can run: its
+# driver imports what every snippet's benchmark module imports first (jax, Pallas, the library)
+# once, and each snippet runs in a fork of it (a process of its own: its own absl flags, exit
+# status, stdout and stderr). Each launch of its own cost about 2.5 s of the 2-core CI machine.
+# The benchmark modules themselves are imported by the snippets, in their forks: some define
+# flags of the same names (--out, --iters) at import.
+_SNIPPET_MAIN = """import io
+import json
+import sys
+
+import jax  # noqa: F401
+import jax.numpy  # noqa: F401
+import numpy  # noqa: F401
+import pytest  # noqa: F401
+from absl import flags  # noqa: F401
+from jax.experimental import pallas  # noqa: F401
+
+import lattn_jax.config  # noqa: F401
+import pallas_kernels  # noqa: F401
+
+code, payload = sys.argv[1], sys.argv[2]
+sys.argv = sys.argv[:1]
+sys.stdin = io.StringIO(payload)
+exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+"""
+_snippet_main = []  # the file, written at the first use
+
+
 def _python(code, payload):
+    """``subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), cwd=ROOT,
+    capture_output=True, text=True, timeout=300)`` with PYTHONPATH=ROOT and JAX_PLATFORMS=cpu,
+    as a fork of binary_runs' driver (``_SNIPPET_MAIN``)."""
+    if not _snippet_main:
+        directory = tempfile.mkdtemp(prefix="issue29_snippets_")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        path = os.path.join(directory, "snippet_main.py")
+        with open(path, "w") as f:
+            f.write(_SNIPPET_MAIN)
+        _snippet_main.append(path)
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return binary_runs.run([sys.executable, _snippet_main[0], code, json.dumps(payload)],
+                           env=env, timeout=300)
 
 
-def _collect(args):
-    """``pytest --collect-only -q`` with ``args`` (-m, -k, paths) in the repository root."""
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                           "-p", "no:cacheprovider"] + args, cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+def _collect(arg_lists):
+    """``pytest --collect-only -q`` with each of ``arg_lists`` (-m, -k, paths) in the repository
+    root: a ``subprocess.CompletedProcess`` each (returncode, stdout, stderr; ``_COLLECT``)."""
+    return [_python(_COLLECT, list(args)) for args in arg_lists]
 
 
-def _collected(args):
-    """How many tests ``pytest --collect-only`` selects with ``args`` (-m, -k, paths)."""
-    result = _collect(args)
+def _collected(result):
+    """How many tests a ``_collect`` result selected (-m, -k, paths)."""
     m = re.search(r"^(\d+)(?:/\d+)? tests? collected", result.stdout, re.M)
     return (int(m.group(1)) if m and result.returncode == 0 else 0), result.stdout[-2000:]
 
 
-def _collected_ids(args):
-    """The node ids ``pytest --collect-only -q`` selects with ``args`` (-m, paths)."""
-    result = _collect(args)
+def _collected_ids(result):
+    """The node ids a ``_collect`` result selected (-m, paths)."""
     if result.returncode != 0:
         raise AssertionError(f"collection failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
     return {line.strip() for line in result.stdout.splitlines() if "::" in line}
@@ -147,6 +209,15 @@ class Issue29QueueTest(absltest.TestCase):
         result = _python(code, argvs[0])
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def _argparse_outputs(self, script, argvs):
+        """Each of ``argvs`` through ``script``'s argparse parser (``_ARGPARSE``, one process):
+        a dict of the stdout and stderr of each."""
+        result = _python(_ARGPARSE, [[script] + list(argv) for argv in argvs])
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        outputs = json.loads(result.stdout.strip().splitlines()[-1])
+        self.assertLen(outputs, len(argvs))
+        return outputs
 
     def test_every_item_ran(self):
         for it in ITEMS:
@@ -193,16 +264,15 @@ class Issue29QueueTest(absltest.TestCase):
     def test_bench_gva_loop_arguments_parse(self):
         argvs = self._calls("benchmarks/bench_gva_loop.py")
         self.assertNotEmpty(argvs)
-        for argv in argvs:
-            result = _python(_ARGPARSE, ["benchmarks/bench_gva_loop.py"] + argv)
-            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+        for result in self._argparse_outputs("benchmarks/bench_gva_loop.py", argvs):
+            self.assertEqual(result["stdout"].strip(), "OK", result["stderr"][-3000:])
 
     def test_tp350_runs_the_throughput_binary_with_each_gdn_implementation(self):
         argvs = self._calls("benchmarks/train_throughput.py")
         self.assertLen(argvs, 2)  # tp350: auto, then pallas
-        for argv, impl in zip(argvs, ("auto", "pallas")):
-            result = _python(_ARGPARSE, ["benchmarks/train_throughput.py"] + argv)
-            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+        outputs = self._argparse_outputs("benchmarks/train_throughput.py", argvs)
+        for argv, impl, result in zip(argvs, ("auto", "pallas"), outputs):
+            self.assertEqual(result["stdout"].strip(), "OK", result["stderr"][-3000:])
             extra = [a for a in argv if a.startswith("--extra=")]
             self.assertEqual(extra, [f"--extra=--config.data.val_fraction=0.05 "
                                      f"--config.model.gdn.implementation={impl}"])
@@ -219,9 +289,9 @@ class Issue29QueueTest(absltest.TestCase):
         argvs = self._calls("benchmarks/profile_train_step.py")
         self.assertLen(argvs, 5)
         norms = []
-        for argv in argvs:
-            result = _python(_ARGPARSE, ["benchmarks/profile_train_step.py"] + argv)
-            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+        outputs = self._argparse_outputs("benchmarks/profile_train_step.py", argvs)
+        for argv, result in zip(argvs, outputs):
+            self.assertEqual(result["stdout"].strip(), "OK", result["stderr"][-3000:])
             sets = [a.split("=", 1)[1] for a in argv if a.startswith("--set=")]
             self.assertEqual(sets[:2], ["train.micro_batch_size=8",
                                         "model.gdn.implementation=auto"])
@@ -253,17 +323,20 @@ class Issue29QueueTest(absltest.TestCase):
         paths = {}  # marker -> the paths of the calls with it
         for call in parsed:
             paths.setdefault(call["marker"], []).extend(call["paths"])
-        for marker, marked in paths.items():
-            # one collection for all paths of a marker (each pytest start costs seconds), then
-            # each path on its own: none may select nothing
-            ids = _collected_ids(["-m", marker] + sorted(set(marked)))
-            for path in marked:
+        # one collection for all paths of a marker (each pytest start costs seconds), then
+        # each path on its own: none may select nothing
+        markers = list(paths)
+        results = _collect([["-m", marker] + sorted(set(paths[marker])) for marker in markers])
+        for marker, result in zip(markers, results):
+            ids = _collected_ids(result)
+            for path in paths[marker]:
                 self.assertTrue(any(i == path or i.startswith(path + "::") for i in ids),
                                 f"{path} selects no test; collected: {sorted(ids)[:20]}")
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
         self.assertLen(argvs, 4)  # t0glue, vk, split2, norm_ab
+        selections = []
         for argv in argvs:
             keep, i = [], 0
             while i < len(argv):
@@ -278,7 +351,9 @@ class Issue29QueueTest(absltest.TestCase):
                 if not a.startswith("-"):
                     keep.append(a)
                 i += 1
-            n, out = _collected(keep)
+            selections.append(keep)
+        for keep, result in zip(selections, _collect(selections)):  # one process's forks
+            n, out = _collected(result)
             self.assertGreater(n, 0, f"{keep}: {out}")
 
     def test_estimates_cover_the_timeout_caps(self):

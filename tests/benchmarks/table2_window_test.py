@@ -76,9 +76,10 @@ class Table2WindowTest(absltest.TestCase):
         sweeps = [a[1:] for a in argvs if a[0] == "experiments/sweep.py"]
         self.assertLen(sweeps, 3)  # t7, ps, t2
         env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-        # (one process imports sweep.py's modules; each dry run is a fork of it)
-        dries = binary_runs.run_many("experiments/sweep.py", [a + ["--dry_run"] for a in sweeps],
-                                     self.create_tempdir().full_path, env=env)
+        # (one process imports sweep.py's modules; each dry run is a fork of it, and so is the
+        # parse of train_throughput.py's arguments below)
+        dries = [binary_runs.run([sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                                  *a, "--dry_run"], env=env) for a in sweeps]
         for argv, dry in zip(sweeps, dries):
             self.assertEqual(dry.returncode, 0, dry.stderr[-3000:])
             selected = re.search(r"(\d+) run\(s\) selected", dry.stdout)
@@ -87,12 +88,15 @@ class Table2WindowTest(absltest.TestCase):
         throughput = [a[1:] for a in argvs if a[0] == "benchmarks/train_throughput.py"]
         self.assertLen(throughput, 9)
         check = ("import json, sys\nfrom benchmarks import train_throughput as t\n"
-                 "for argv in json.loads(sys.stdin.read()):\n"
+                 "for argv in json.loads(sys.argv[1]):\n"
                  "    a = t._parse_args(argv)\n"
                  "    assert all(p in t.PRESETS for p in a.presets.split(',')), a.presets\n"
                  "print('OK')")
-        parsed = subprocess.run([sys.executable, "-c", check], input=json.dumps(throughput),
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        path = os.path.join(self.create_tempdir().full_path, "check_throughput_args.py")
+        with open(path, "w") as f:
+            f.write(check)
+        parsed = binary_runs.run([sys.executable, path, json.dumps(throughput)], env=env,
+                                 timeout=300)
         self.assertEqual(parsed.stdout.strip(), "OK", parsed.stderr[-3000:])
 
 

@@ -5,7 +5,6 @@ import gzip
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from unittest import mock
@@ -474,8 +473,12 @@ class PrepareDataBinaryTest(absltest.TestCase):
             "prepare.prepare_corpus = interrupted\n"
             f"sys.argv = ['prepare_data.py', '--input={root}', '--output_dir={out}']\n"
             "runpy.run_path('experiments/prepare_data.py', run_name='__main__')\n")
-        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                                cwd=ROOT, timeout=120)
+        path = os.path.join(self.create_tempdir().full_path, "interrupted_prepare_data.py")
+        with open(path, "w") as f:
+            f.write(script)
+        # A fork of the binary_runs driver this file's other binary tests use (its imports
+        # shared), not a python -c of its own.
+        result = binary_runs.run([sys.executable, path], timeout=120)
         self.assertEqual(result.returncode, 130, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(), [
             f"interrupted (Ctrl-C): prepare_data.py stopped; the shards finished in {out} are "

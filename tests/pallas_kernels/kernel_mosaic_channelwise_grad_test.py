@@ -282,6 +282,14 @@ def _export_kernel(dk, dv, dtype, docs=True, slab=k1.SLAB, ablations=None):
     return kmc_test.export_cuda_counting_smem(fn, *args, doc=doc)
 
 
+@functools.lru_cache(maxsize=None)
+def _exported_kernel(dk, dv, dtype, docs, slab):
+    """``_export_kernel(dk, dv, dtype, docs, slab)`` once per module (the default ablations, no
+    patches): LoweringTest's K128 V128 case, its SMEM count and slab-16 tests and FenceTest
+    read the same three exports (about 1 s each on 2 cores)."""
+    return _export_kernel(dk, dv, dtype, docs, slab)
+
+
 def _export_op(op, tuning):
     """The channelwise kernel names of ``op``'s forward + backward exported for CUDA under
     ``tuning`` on a patched Hopper GPU: ``(Counter of the Triton kernels' names, number of
@@ -318,16 +326,17 @@ class LoweringTest(parameterized.TestCase):
         ("K64_V128_fp16_docs", 64, 128, jnp.float16, True),
     )
     def test_kernel_exports_for_cuda(self, dk, dv, dtype, docs):
-        text, smem = _export_kernel(dk, dv, dtype, docs)
+        text, smem = _exported_kernel(dk, dv, dtype, docs, k1.SLAB)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertIn(k1.KERNEL_NAME, text)
         self.assertLessEqual(smem, _SMEM_LIMIT)
 
     def test_smem_count_at_k128_v128_bf16(self):
-        self.assertEqual(_export_kernel(128, 128, jnp.bfloat16)[1], _SMEM_K128_V128)
+        self.assertEqual(_exported_kernel(128, 128, jnp.bfloat16, True, k1.SLAB)[1],
+                         _SMEM_K128_V128)
 
     def test_slab16_exports_for_cuda(self):
-        text, smem = _export_kernel(128, 128, jnp.bfloat16, slab=16)
+        text, smem = _exported_kernel(128, 128, jnp.bfloat16, True, 16)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertEqual(smem, _SMEM_K128_V128_SLAB16)
 
@@ -481,7 +490,8 @@ class FenceTest(parameterized.TestCase):
 
     @parameterized.parameters(16, 32)
     def test_k1_fences_its_operand_stores(self, slab):
-        text = mosaic_module_or_skip(self, _export_kernel(128, 128, jnp.bfloat16, slab=slab)[0])
+        text = mosaic_module_or_skip(self, _exported_kernel(128, 128, jnp.bfloat16, True,
+                                                            slab)[0])
         self.assertEqual(text.count("wgmma.mma_async"), 54)
         self.assertEqual(unfenced_wgmma(text), [])
 
