@@ -83,16 +83,19 @@
 # cw_state and cw_diag on 2026-12-07 (autooff_dn there ran out of its bench timeout), stepprof,
 # cw_tests, cw_grad, approx and cw_slab on 2026-12-07c, approx, cw_tests, kda_dvw, swiglu and
 # k2floor's gpu tests (its bench ran out of device time) on 2026-12-07d, kda_dvw, norm_ab and
-# dvn_hf on 2026-12-07e: pages
-# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d,07e}.md); name
-# items to run others.
-# Order (after 2026-12-07e): DeltaNet's same-run table and its auto decision (autooff_dn: give
-# it a budget of at least 575, as the wheels' install comes first on a fresh machine), the 350M
-# throughput (tp350; TP_MB=16 on an H200). cw_state, cw_tests and the rest by name.
+# dvn_hf on 2026-12-07e, tab_gdn and tab_kda (S1, S2), tab_gdn2 (S1, S2) and tab_lgt on
+# 2026-12-07f: pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d,07e,07f}.md);
+# name items to run others.
+# Order (after 2026-12-07f, MOSAIC_GPU.md Sec. 49): DeltaNet's table and its auto decision
+# (tab_dn, which times what autooff_dn timed, at three shapes), KDA's (Sec. 49.1's rule for
+# prepare at P1), GDN-2's (P1 never timed), the fla column; one item per call (give each its
+# estimate + 35 s: the wheels' install comes first on a fresh machine). Then the 350M throughput
+# (tp350; TP_MB=16 on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-autooff_dn tp350}
+ITEMS=${*:-tab_dn tab_kda tab_gdn2 tab_fla}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then

@@ -247,9 +247,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # the order after 2026-12-07e (MOSAIC_GPU.md Sec. 48): DeltaNet's same-run table, the
-        # 350M throughput
-        self.assertEqual(default, ["autooff_dn", "tp350"])
+        # the order after 2026-12-07f (MOSAIC_GPU.md Sec. 49): the acceptance table's items not
+        # yet run on the current kernels (DeltaNet, KDA's P1 rule, GDN-2's P1), the fla column
+        self.assertEqual(default, ["tab_dn", "tab_kda", "tab_gdn2", "tab_fla"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
