@@ -875,8 +875,17 @@ class GpuPool:
                 self._cond.wait(timeout=0.5)
             return self._free.pop(0)
 
+    def reserve(self, group: str) -> bool:
+        """Takes ``group`` out of the free ones if it is one of them (a trainer this call did
+        not start runs on it); ``True`` if it was. :meth:`give` returns it."""
+        with self._cond:
+            if group in self._free:
+                self._free.remove(group)
+                return True
+            return False
+
     def give(self, group: str) -> None:
-        """Returns ``group`` (taken before) to the pool."""
+        """Returns ``group`` (taken or reserved before) to the pool."""
         with self._cond:
             self._free.append(group)
             self._free.sort(key=self.groups.index)
@@ -1060,10 +1069,14 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     a running one is stopped as :func:`launch` says.
 
     With ``parallel`` > 1 the runs still start in their order: the next one when a trainer
-    exits and a slot is free, each check above made at that moment. Every trainer in flight
-    gets SIGTERM at ``deadline - stop_margin_s`` or when ``stop`` is set; a failed run ends
-    only itself. The trainers get :func:`parallel_env` (each its share of the GPU's memory),
-    their attempt records the concurrency (:class:`Attempt`), and the progress lines
+    exits and a slot is free, each check above made at that moment. Trainers this call did not
+    start that hold some of ``runs`` (:func:`foreign_trainers`: a killed call's, left running)
+    take slots too, and their GPU groups with ``gpus``, until they end (checked every
+    :data:`FOREIGN_POLL_S` s while a launch waits for them; with ``parallel`` 1 a launch waits
+    until they have ended). Every trainer in flight gets SIGTERM at ``deadline -
+    stop_margin_s`` or when ``stop`` is set; a failed run ends only itself. The trainers get
+    :func:`parallel_env` (each its share of the GPU's memory), their attempt records the
+    concurrency (:class:`Attempt`), and the progress lines
     ``print_fn`` gets are whole lines (the trainers' own behind ``[<run name>] ``; the full
     output of each run stays in its ``sweep.log``). After a trainer stopped at the deadline or
     by ``stop``, no run starts (the others in flight stop the same way). ``after_run`` is
@@ -1129,6 +1142,28 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     trainer_env = parallel_env(env, parallel) if pool is None else env
     if parallel > 1:
         print_fn = _whole_lines(print_fn)
+    # Trainers this call did not start (a killed call's, still running) hold some of the runs:
+    # they count against `parallel` and keep their GPU groups until they end.
+    foreign = foreign_trainers(runs, root)
+    reserved = {name: group for name, (_, group) in foreign.items()
+                if pool is not None and group is not None and pool.reserve(group)}
+    if foreign:
+        print_fn(f"--- {len(foreign)} run(s) held by a trainer this call did not start (pid "
+                 f"{', '.join(pid for pid, _ in foreign.values())}): counted against "
+                 f"--parallel={parallel} while they run"
+                 + (f", their GPU group(s) {', '.join(reserved.values())} kept"
+                    if reserved else ""))
+
+    def foreign_running() -> int:
+        """How many of ``foreign`` still run (those that ended are dropped, groups given back)."""
+        for name in list(foreign):
+            if trainer_lock_owner(run_dir(root, runs_by_name[name])) is None:
+                del foreign[name]
+                if name in reserved:
+                    pool.give(reserved.pop(name))
+        return len(foreign)
+
+    runs_by_name = {run.name: run for run in runs}
     ended: "queue.Queue[Tuple[Run, str, Any]]" = queue.Queue()
     in_flight: Dict[str, threading.Thread] = {}
     halt: List[str] = []  # why no further run starts ("deadline", "interrupted")
@@ -1147,13 +1182,15 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             pool.give(group)
         ended.put((run, workdir, result))
 
-    def collect_ended(block: bool) -> None:
-        """Handles the trainers that have exited; ``block``: wait for one first."""
+    def collect_ended(block: bool, wait_s: Optional[float] = None) -> None:
+        """Handles the trainers that have exited; ``block``: wait for one first (at most
+        ``wait_s`` seconds, ``None``: until one exits)."""
+        until = None if wait_s is None else time.monotonic() + wait_s
         while True:
             try:
                 run, workdir, attempt = ended.get(timeout=0.5) if block else ended.get_nowait()
             except queue.Empty:
-                if block:
+                if block and (until is None or time.monotonic() < until):
                     continue  # (signal handlers run in this thread between the waits)
                 return
             block = False
@@ -1210,6 +1247,21 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             continue
         where = ("not started" if state.status == Status.NOT_STARTED else
                  f"{state.status.value} at step {state.step}/{state.total_steps or '?'}")
+        waited = False
+        while (len(in_flight) + foreign_running() >= parallel and not halt
+               and _launch_held(stop, max_runs, len(summary.launched), deadline,
+                                stop_margin_s, min_run_s) is None):
+            if not waited:
+                print_fn(f"--- {run.name}: {where}; waiting for a slot: "
+                         f"{len(foreign)} trainer(s) this call did not start still run")
+                waited = True
+            if in_flight:
+                collect_ended(block=True, wait_s=FOREIGN_POLL_S)
+            else:
+                time.sleep(FOREIGN_POLL_S)
+        if halt:
+            summary.status = halt[0]
+            break
         held = _launch_held(stop, max_runs, len(summary.launched), deadline, stop_margin_s,
                             min_run_s)
         if held is not None:
@@ -1221,7 +1273,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             break
         sharing = 1  # (with gpus: alone on its group)
         if parallel > 1 and finish_by_deadline and pool is None:
-            sharing = min(parallel, len(in_flight) + 1 + sum(map(to_launch, runs[i + 1:])))
+            sharing = min(parallel, len(in_flight) + len(foreign) + 1
+                          + sum(map(to_launch, runs[i + 1:])))
         need = (estimated_run_s(root, runs, state, concurrent=sharing)
                 if finish_by_deadline else None)
         if deadline is not None and need is not None and (
@@ -1250,7 +1303,9 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
         how = (f"resuming from step {state.step}" if state.step
                else "starting" if state.status == Status.NOT_STARTED else "starting over")
         group = None if pool is None else pool.take()
-        slots = ([f"{len(in_flight) + 1} of {parallel} in flight"] if parallel > 1 else []) + (
+        others = f", {len(foreign)} not started here" if foreign else ""
+        slots = ([f"{len(in_flight) + 1} of {parallel} in flight{others}"]
+                 if parallel > 1 else []) + (
             [] if group is None else [f"{CUDA_VISIBLE_DEVICES}={group}"])
         print_fn(f"--- {run.name}: {how}" + (f" ({', '.join(slots)})" if slots else ""))
         summary.launched.append(run.name)
@@ -1284,6 +1339,27 @@ def trainer_lock_owner(workdir: str) -> Optional[str]:
     holds ``<workdir>/.train.lock`` (:func:`lattn_jax.train._workdir_lock`), or ``None`` when
     no process holds it (or there is no lock file: the trainer deletes it when it ends)."""
     return records.lock_owner(os.path.join(workdir, TRAINER_LOCK))
+
+
+FOREIGN_POLL_S = 2.0  # how often a call waiting on trainers it did not start checks them
+
+
+def foreign_trainers(runs: Sequence[Run], root: str) -> Dict[str, Tuple[str, Optional[str]]]:
+    """The runs of ``runs`` whose workdir a live trainer holds (:func:`trainer_lock_owner`):
+    ``{name: (pid, GPU group or None)}``, the group being the ``gpus`` of the run's newest
+    ``start`` record (a trainer a killed sweep call left running, on the group that call gave
+    it). A sweep call did not start these trainers, yet they use the machine: ``execute`` and
+    :func:`plan` count them against ``parallel`` while they run, and keep their groups out of
+    ``gpus``."""
+    out = {}
+    for run in runs:
+        workdir = run_dir(root, run)
+        owner = trainer_lock_owner(workdir)
+        if owner is not None:
+            starts = [a for a in read_jsonl(os.path.join(workdir, ATTEMPTS))
+                      if a.get("event") == "start"]
+            out[run.name] = (owner, starts[-1].get("gpus") if starts else None)
+    return out
 
 
 @contextlib.contextmanager
@@ -1560,9 +1636,11 @@ class PlannedRun:
         run directory).
       launch: for ``"launch"``, its place among the launches (1, 2, ...), else ``None``.
       at_once: for ``"launch"``, whether it starts at the call's start (one of the first
-        ``parallel`` launches), not when an earlier trainer exits.
+        ``parallel`` launches, less one per run a trainer no call started here holds:
+        :func:`foreign_trainers`), not when an earlier trainer exits.
       gpus: with ``plan(gpus=...)``, the GPU group of a launch at the start (the first free
-        one, as :class:`GpuPool` gives them); ``None`` otherwise (a later launch takes the
+        one, as :class:`GpuPool` gives them, a held run's trainer's group kept out); ``None``
+        otherwise (a later launch takes the
         group a trainer frees).
     """
 
@@ -1627,6 +1705,11 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
         return (not sources.get(run.name) and state.status != Status.FINISHED
                 and (retry_failed or state.status != Status.FAILED))
 
+    # Trainers no call started here hold some runs: they take slots (and their GPU groups) at
+    # the start; when they end is unknown, so the later launches are "when a trainer exits".
+    foreign = foreign_trainers(runs, root)
+    busy = {group for _, group in foreign.values()}
+    free_groups = None if groups is None else [g for g in groups if g not in busy]
     out: List[PlannedRun] = []
     launched, held = 0, None
     for i, (run, state) in enumerate(zip(runs, states)):
@@ -1647,12 +1730,12 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
         if held is None and max_runs is not None and launched + remeasurements >= max_runs:
             held = f"--max_runs={max_runs} reached" + (
                 f" (with the {remeasurements} re-measurement(s))" if remeasurements else "")
-        at_once = launched < parallel
+        at_once = launched + len(foreign) < parallel
         if held is None and at_once and deadline_s is not None:
             left = deadline_s - stop_margin_s
             sharing = 1  # (with gpus: alone on its group)
             if parallel > 1 and finish_by_deadline and groups is None:
-                sharing = min(parallel, launched + 1 + sum(
+                sharing = min(parallel, len(foreign) + launched + 1 + sum(
                     to_launch(r, s) for r, s in zip(runs[i + 1:], states[i + 1:])))
             need = (estimated_run_s(root, runs, state, concurrent=sharing)
                     if finish_by_deadline else None)
@@ -1673,7 +1756,7 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
                 run_dir(root, run)):
             how += " (no checkpoint; its records are first set aside as .restarted-<time>)"
         out.append(PlannedRun(run, state, "launch", how, launch=launched, at_once=at_once,
-                              gpus=groups[launched - 1] if groups and at_once else None))
+                              gpus=free_groups[launched - 1] if groups and at_once else None))
     return out
 
 

@@ -1250,6 +1250,89 @@ class GpusTest(_FakeTrainerTestCase):
         self.assertEqual(got, ["2,3"])
 
 
+class ForeignTrainerTest(_FakeTrainerTestCase):
+    """A trainer no call of this sweep started (a killed call's, left running) holds one run:
+    it counts against ``parallel`` and keeps its GPU group until it ends (stand-in trainer,
+    the held lock taken in this process, released by a timer; a few seconds in all)."""
+
+    def setUp(self):
+        super().setUp()
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_", "CUDA_VISIBLE"))}
+        self.runs = sweep.expand(_config(grid=((("fake.mode", ("ok",)),
+                                                ("train.total_steps", (4, 5, 6))),),
+                                         seed_axis=None))
+        self.held_dir = sweep.run_dir(self.root, self.runs[0])
+        os.makedirs(self.held_dir)
+        self.pid = str(20_000 + os.getpid() % 5_000)
+        self.enter_context(mock.patch.object(sweep, "FOREIGN_POLL_S", 0.05))
+
+    def _hold(self, gpus=None):
+        """Takes the held run's trainer lock (as a live trainer does) and writes its attempt's
+        start record (naming ``gpus``); returns the open lock file (close it: the trainer
+        ended)."""
+        with open(os.path.join(self.held_dir, sweep.ATTEMPTS), "w") as f:
+            f.write(json.dumps({"event": "start", "time": "t", "command": ["x"],
+                                **({"gpus": gpus} if gpus else {})}) + "\n")
+        held = open(os.path.join(self.held_dir, sweep.TRAINER_LOCK), "w")
+        held.write(self.pid + "\n")
+        held.flush()
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        return held
+
+    def _execute(self, **kwargs):
+        return sweep.execute(self.runs, self.root, config_path="cfg.py",
+                             train_script=self.trainer, cwd=self.root, env=self.env,
+                             print_fn=self.lines.append, **kwargs)
+
+    def test_parallel_one_waits_for_it_then_runs_the_others_one_at_a_time(self):
+        held = self._hold()
+        self.assertEqual([p.at_once for p in sweep.plan(self.runs, self.root,
+                                                        config_path="cfg.py")[1:]],
+                         [False, False])  # the dry run: no slot at the start
+        timer = threading.Timer(1.0, held.close)
+        timer.start()
+        t0 = time.monotonic()
+        summary = self._execute()
+        timer.join()
+        self.assertGreaterEqual(time.monotonic() - t0, 1.0)
+        self.assertEqual(summary.launched, [r.name for r in self.runs[1:]])
+        self.assertEqual(summary.skipped,
+                         {self.runs[0].name: f"in use by a trainer (pid {self.pid})"})
+        self.assertIn(f"--- 1 run(s) held by a trainer this call did not start (pid "
+                      f"{self.pid}): counted against --parallel=1 while they run", self.lines)
+        waits = [x for x in self.lines if "waiting for a slot" in x]
+        self.assertEqual(waits, [f"--- {self.runs[1].name}: not started; waiting for a slot: "
+                                 f"1 trainer(s) this call did not start still run"])
+        # the first launch only after the lock was released (the wait line comes before it)
+        self.assertLess(self.lines.index(waits[0]),
+                        self.lines.index(f"--- {self.runs[1].name}: starting"))
+        for run in self.runs[1:]:
+            self.assertEqual(sweep.run_state(sweep.run_dir(self.root, run)).status,
+                             sweep.Status.FINISHED)
+
+    def test_parallel_two_launches_one_beside_it_and_keeps_its_gpu_group(self):
+        held = self._hold(gpus="0")
+        planned = sweep.plan(self.runs, self.root, config_path="cfg.py", parallel=2,
+                             gpus=["0", "1"])
+        self.assertEqual([(p.action, p.at_once, p.gpus) for p in planned],
+                         [("skip", False, None), ("launch", True, "1"),
+                          ("launch", False, None)])
+        self.env.update(FAKE_RECORD_GPUS="1")
+        timer = threading.Timer(1.5, held.close)
+        timer.start()
+        summary = self._execute(parallel=2, gpus=["0", "1"])
+        timer.join()
+        self.assertEqual(summary.launched, [r.name for r in self.runs[1:]])
+        self.assertIn(f"--- 1 run(s) held by a trainer this call did not start (pid "
+                      f"{self.pid}): counted against --parallel=2 while they run, their GPU "
+                      f"group(s) 0 kept", self.lines)
+        self.assertIn(f"--- {self.runs[1].name}: starting (1 of 2 in flight, 1 not started "
+                      f"here, CUDA_VISIBLE_DEVICES=1)", self.lines)
+        with open(os.path.join(sweep.run_dir(self.root, self.runs[1]), "fake_gpus.json")) as f:
+            self.assertEqual(json.load(f)["gpus"], "1")  # never the held trainer's group 0
+
+
 class RemeasureAloneTest(_FakeTrainerTestCase):
     """``remeasure_alone`` (``--remeasure_alone``) with the stand-in trainer, whose tokens/s
     at step s is 100 s: runs trained two at a time are measured again alone, once."""
