@@ -1024,8 +1024,9 @@ _DISTRIBUTIONS = {"jax": ("jax",), "jaxlib": ("jaxlib",), "torch": ("torch",),
 
 def _versions():
     """Versions, date and device of the run. Package versions come from their installed
-    metadata, not by importing them: importing fla (torch, Triton and its kernels) in a process
-    that timed only JAX peers took about 20 s per process on the GPU machine."""
+    metadata, not by importing the packages: importing fla (torch, Triton and its kernels) in
+    a process that timed only JAX peers is the likely cause of the ~24 s between such a
+    process's last record and its end on the H100 (2026-12-07f, MOSAIC_GPU.md Sec. 49)."""
     from importlib import metadata
     out = dict(python=platform.python_version(), date=datetime.date.today().isoformat())
     for mod, dists in _DISTRIBUTIONS.items():

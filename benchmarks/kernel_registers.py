@@ -222,6 +222,9 @@ def main(argv):
     del argv
     import triton
 
+    if _SEGMENTS.value and _OP.value not in ("kda", "gdn2"):
+        raise app.UsageError(f"--segments: only --op=kda or gdn2 take segment_ids here, not "
+                             f"--op={_OP.value}")
     shape = tuple(int(s) for s in _SHAPE.value)
     fn, specs = OPS[_OP.value](shape, flags.FLAGS["pass"].value == "fwdbwd")
     module = kernel_gpu if _OP.value in ("gdn", "deltanet") else channelwise_gpu
