@@ -831,7 +831,10 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
        blocks were the outer loop, one key-block loop per row block: intra + prepare + wu
        1.201 ms against 1.169 at S1 on the H200, history/channelwise-forms-h200-2026-11-30c.md; a
        loop over the column blocks with selects into the accumulators was slower still.)
-       Masks per tile: same document (doc ids of the tile's rows and columns). Mq's tiles go
+       Masks per tile, after the loop: same document (``doc_ref`` holds, for this kernel,
+       each token's document start in its chunk, :func:`_doc_starts`: column ``c`` shares
+       row ``r``'s document iff ``c >= start[r]``; ``conn_ref`` and ``last_ref`` are
+       ``None``). Mq's tiles go
        out masked, in the operand dtype: the diagonal tile from ``intra`` (``mqd`` rows
        ``16 i ..``, loaded directly; inclusive lower and same document, which also drops the
        columns ``intra`` leaves unwritten), zeros above the diagonal (the output is
