@@ -1154,16 +1154,17 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
                  + (f", their GPU group(s) {', '.join(reserved.values())} kept"
                     if reserved else ""))
 
+    foreign_dirs = {run.name: run_dir(root, run) for run in runs if run.name in foreign}
+
     def foreign_running() -> int:
         """How many of ``foreign`` still run (those that ended are dropped, groups given back)."""
         for name in list(foreign):
-            if trainer_lock_owner(run_dir(root, runs_by_name[name])) is None:
+            if trainer_lock_owner(foreign_dirs[name]) is None:
                 del foreign[name]
                 if name in reserved:
                     pool.give(reserved.pop(name))
         return len(foreign)
 
-    runs_by_name = {run.name: run for run in runs}
     ended: "queue.Queue[Tuple[Run, str, Any]]" = queue.Queue()
     in_flight: Dict[str, threading.Thread] = {}
     halt: List[str] = []  # why no further run starts ("deadline", "interrupted")
