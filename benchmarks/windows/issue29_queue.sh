@@ -77,6 +77,10 @@
 #               auto decision, Sec. 34.1's rule)
 #   tab_fla 500   the same table's fla column: all five ops at S1, S2, P1 (torch worker, Triton
 #               autotune kept in /tmp/flacache for a later call on the same machine)
+#   lgt_fused 455  Sec. 50: Lightning's one-kernel forward (simple_gla_mosaic forward="fused",
+#               never timed) as peer mosaic beside ours (two_pass) and jla, S1, S2, P1, fwd and
+#               fwd+bwd (decision rule in Sec. 50)
+#   lgt_ftests 200  the fused forward's gpu tests (kernel_mosaic_gpu_fused_test.py, never run)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
 # cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
@@ -87,15 +91,16 @@
 # 2026-12-07f: pages
 # benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d,07e,07f}.md);
 # name items to run others.
-# Order (after 2026-12-07f, MOSAIC_GPU.md Sec. 49): DeltaNet's table and its auto decision
-# (tab_dn, which times what autooff_dn timed, at three shapes), KDA's (Sec. 49.1's rule for
-# prepare at P1), GDN-2's (P1 never timed), the fla column; one item per call (give each its
+# Order (after 2026-12-07f, MOSAIC_GPU.md Sec. 49, 50): KDA's table (Sec. 49.1's rule for
+# prepare at P1), Lightning's fused forward and its gpu tests (Sec. 50), DeltaNet's table and
+# its auto decision (tab_dn, which times what autooff_dn timed, at three shapes); then by name
+# GDN-2's (tab_gdn2: P1 never timed) and the fla column (tab_fla); one item per call (give each its
 # estimate + 35 s: the wheels' install comes first on a fresh machine). Then the 350M throughput
 # (tp350; TP_MB=16 on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-tab_dn tab_kda tab_gdn2 tab_fla}
+ITEMS=${*:-tab_kda lgt_fused lgt_ftests tab_dn}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -116,7 +121,8 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   dvn_hf) echo 420;;
-  tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn) echo 455;; tab_fla) echo 500;;
+  tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
+  lgt_ftests) echo 200;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -535,22 +541,23 @@ for l in sys.stdin:
         "t="+str(r.get("t_s")),r.get("error","")[:120],top)' | cut -c1-420
 }
 
-run_tab() {  # run_tab <op> <peers> <limit_s>: S1, S2, P1, one bench process each (both peers
-  # of a shape in the same process), within limit_s in all
-  local op=$1 peers=$2 lim=$3 s=$SECONDS sh left d=$O/tab_$1
+run_tab() {  # run_tab <op> <peers> <limit_s> [dir [bench flag ...]]: S1, S2, P1, one bench
+  # process each (both peers of a shape in the same process), within limit_s in all
+  local op=$1 peers=$2 lim=$3 s=$SECONDS sh left d=$O/tab_${4:-$1}
+  shift 3; shift $(($# > 0 ? 1 : 0))
   mkdir -p $d
   for sh in S1 S2 P1; do
     left=$((lim - SECONDS + s))
     [ $left -ge 40 ] || { echo "tab $op $sh: ${left}s left, not run"; continue; }
     timeout $left python3 benchmarks/bench_kernels.py --ops=$op --peers=$peers \
-      --passes=fwdbwd,fwd --shapes=$sh --breakdown_top=16 --iters=30 --warmup=5 \
+      --passes=fwdbwd,fwd --shapes=$sh --breakdown_top=16 --iters=30 --warmup=5 "$@" \
       --out=$d/$sh > $d/$sh.log 2>&1; echo "tab $op $sh rc=$? t=$((SECONDS-s))s"
   done
   grep -a -h '^gate' $d/*.log | sort -u | cut -c1-300
   tab_show $d/*.jsonl
   python3 benchmarks/acceptance.py $d/*.jsonl
   # DeltaNet's ours is the Triton kernels while it is in AUTO_OFF: the Mosaic op's verdicts too
-  [ $op != deltanet ] || python3 benchmarks/acceptance.py --ours=mosaic $d/*.jsonl
+  [ $op != deltanet ] && [ $# = 0 ] || python3 benchmarks/acceptance.py --ours=mosaic $d/*.jsonl
 }
 
 run_tab_gdn() { run_tab gdn ours,jla 330; }
@@ -558,6 +565,13 @@ run_tab_dn() { run_tab deltanet mosaic,ours,jla 450; }
 run_tab_lgt() { run_tab lightning ours,jla 330; }
 run_tab_kda() { run_tab kda ours,jla 330; }
 run_tab_gdn2() { run_tab gdn2 ours,jla 330; }
+run_lgt_fused() { run_tab lightning ours,mosaic,jla 450 lgtf --mosaic_forward=fused; }
+run_lgt_ftests() {  # the fused forward's gpu tests (never run on a GPU before)
+  mkdir -p $O/lgt_ftests; local s=$SECONDS
+  timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    $T/kernel_mosaic_gpu_fused_test.py > $O/lgt_ftests/tests.log 2>&1
+  echo "rc=$? t=$((SECONDS-s))s"; tail -25 $O/lgt_ftests/tests.log | cut -c1-300
+}
 
 run_tab_fla() {  # the table's fla column, all five ops (fla's own autotuned configurations)
   mkdir -p $O/tab_fla

@@ -30,7 +30,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
-         "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla").split()
+         "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla lgt_fused lgt_ftests").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -247,9 +247,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # the order after 2026-12-07f (MOSAIC_GPU.md Sec. 49): the acceptance table's items not
-        # yet run on the current kernels (DeltaNet, KDA's P1 rule, GDN-2's P1), the fla column
-        self.assertEqual(default, ["tab_dn", "tab_kda", "tab_gdn2", "tab_fla"])
+        # the order after 2026-12-07f (MOSAIC_GPU.md Sec. 49, 50): KDA's P1 rule, Lightning's
+        # fused forward (never timed) and its gpu tests, DeltaNet's table
+        self.assertEqual(default, ["tab_kda", "lgt_fused", "lgt_ftests", "tab_dn"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
@@ -335,7 +335,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
-        self.assertLen(argvs, 4)  # t0glue, vk, split2, norm_ab
+        self.assertLen(argvs, 5)  # t0glue, vk, split2, norm_ab, lgt_ftests
         selections = []
         for argv in argvs:
             keep, i = [], 0
@@ -372,7 +372,7 @@ class Issue29QueueTest(absltest.TestCase):
                 body = re.search(r"^run_%s\(\) \{(.*?)^\}" % it, text, re.M | re.S).group(1)
             elapsed = 0  # the most seconds the item can have used so far
             for m in re.finditer(r"timeout (\d+) |timeout \$\(\((\d+) - SECONDS \+ s\)\)|"
-                                 r"split_loop ([\w: ]+)|run_tab \w+ [\w,]+ (\d+);", body):
+                                 r"split_loop ([\w: ]+)|run_tab \w+ [\w,]+ (\d+)\b", body):
                 if m.group(1) or m.group(4):  # run_tab's limit caps its three processes
                     elapsed += int(m.group(1) or m.group(4))
                 elif m.group(2):  # a timeout of what is left: never <= 0 (0 is no limit)
