@@ -155,6 +155,90 @@ class GpuTest(kmg_test.HopperTestCase):
                states_dtype=jnp.bfloat16, pieces=4)
 
 
+def _t0_inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, dht, docs, du, seed=0):
+    """As :func:`_inputs` with ``w_from_t0`` (MOSAIC_GPU.md Sec. 51): bf16 ``q, k, t0, do``,
+    fp32 ``g``, ``beta``, ``dht``, ``segment_ids``, ``du`` (or ``None``), the stored ``W`` the
+    op's forward would give from the same ``T0`` (:func:`kgd.w_from_t0`, fp32 XLA from the
+    rounded ``T0``, rounded once: the ``W`` the pass forms), ``scale`` and the fp32
+    reference ``(dh, dv_new, dh0)`` with that ``W``."""
+    q, k, v, g, beta, _, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                decay=decay, h0=False, docs=docs, seed=seed)
+    t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)  # the residual T0
+    w = kgd.w_from_t0(k, t0, g, beta, segment_ids=seg)
+    key = jax.random.split(jax.random.key(seed + 7), 3)
+    do = jax.random.normal(key[0], v.shape).astype(v.dtype)
+    state_grad = (jax.random.normal(key[1], (batch, heads, dk, dv), jnp.float32) if dht
+                  else None)
+    res = jax.random.normal(key[2], v.shape).astype(v.dtype) if du else None
+    scale = dk ** -0.5
+    qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
+    want = _reference(qf, kf, w.astype(jnp.float32), g, seg, do.astype(jnp.float32),
+                      state_grad, scale, res)
+    return (q, k, t0, w, do, g, beta, state_grad, seg, res), scale, want
+
+
+def _check_t0(test, case, interpret, seed=0, **options):
+    """``w_from_t0=True`` against the stored-``W`` fold and against autodiff (5e-3). The stored
+    ``W`` is :func:`kgd.w_from_t0`'s (fp32 XLA from the same rounded ``T0``); the pass's ``W``
+    differs from it only in the last bit of some entries (the ``hi + lo`` split keeps
+    ``T0_ij beta_j conn_j`` to about 16 bits, as the ``T0`` kernel's ``W``, then one rounding),
+    so the outputs agree to relative RMS < 1e-3 (interpreted: at most 2.9e-4; the autodiff
+    errors of both about 2e-3)."""
+    (q, k, t0, w, do, g, beta, state_grad, seg, du), scale, want = _t0_inputs(*case,
+                                                                              seed=seed)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
+        got = jax.block_until_ready(
+            _fold(q, k, t0, do, g, state_grad, seg, du, scale=scale, interpret=interpret,
+                  w_from_t0=True, beta=beta, **options))
+    test.assertNotIn("RACE DETECTED", log.getvalue(), log.getvalue()[:600])
+    stored = _fold(q, k, w, do, g, state_grad, seg, du, scale=scale, interpret=interpret,
+                   **options)
+    for name, x, s, y in zip(("dh", "dv_new", "dh0"), got, stored, want):
+        test.assertEqual((x.shape, x.dtype), (s.shape, s.dtype), msg=name)
+        err = tolerances.rel_err(x.astype(jnp.float32), s.astype(jnp.float32))
+        print(f"w_from_t0 {name}: vs stored W {err:.2e}", end="")
+        test.assertLess(err, 1e-3, msg=f"{name} vs stored W: relative RMS error {err:.2e}")
+        err = tolerances.rel_err(x, y)
+        print(f", vs autodiff {err:.2e}")
+        test.assertLess(err, 5e-3, msg=f"{name} vs autodiff: relative RMS error {err:.2e}")
+
+
+class WFromT0FastInterpretTest(absltest.TestCase):
+    """One small interpreted case of ``w_from_t0`` (two launches, a few seconds), in CI."""
+
+    def test_w_from_t0_matches_stored_w(self):
+        _check_t0(self, _CASES[0][1:], True, states_dtype=jnp.bfloat16)
+
+
+# B, T, H, Hk, K, V, decay, dht, documents, du: the fold cases plus GVA at K = 128
+_T0_CASES = _CASES[1:] + (
+    ("gva_dht_packed_du_T192_K128_V128", 1, 192, 2, 1, 128, 128, 0.1, True, (70, 30), True),
+)
+
+
+# Slow (out of CI), as FoldInterpretTest.
+@pytest.mark.slow
+class WFromT0InterpretTest(parameterized.TestCase):
+    """``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51): the pass forms ``W`` from ``T0``."""
+
+    @parameterized.named_parameters(*_T0_CASES)
+    def test_w_from_t0_matches_stored_w_and_autodiff(self, *case):
+        _check_t0(self, case, True, states_dtype=jnp.bfloat16)
+
+    def test_fp32_states(self):
+        _check_t0(self, _CASES[1][1:], True, states_dtype=jnp.float32)
+
+    def test_sequence_pieces(self):
+        # P = 2 over 8 chunks, documents crossing the piece edge: both launches form W
+        case = (1, 512, 2, 1, 64, 64, 0.05, True, (100, 156, 150), True)
+        (q, k, t0, w, do, g, beta, state_grad, seg, du), scale, _ = _t0_inputs(*case, seed=4)
+        maps = kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=2, segment_ids=seg,
+                                                 interpret=True)
+        _check_t0(self, case, True, seed=4, states_dtype=jnp.bfloat16, pieces=2,
+                  piece_maps=maps)
+
+
 def _check_exports(test, dk, dv, gated, du, pieces=1):
     args, scale, _ = _inputs(1, 64 * 8, 2, 1, dk, dv, 0.2 if gated else None, True, (70, 30),
                              du)
