@@ -2271,9 +2271,10 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
     :func:`_delta_dstate_kernel`). ``doc`` (the document ids) given: the folded pass
     (``fold_dv_local``), with ``dvl_in`` the residual's cotangent or ``None``; else ``dvl_in``
     is ``dv_local``. ``bc`` (``beta conn``, fp32 ``[B * P, H, Tq]``) given (folded pass only):
-    ``w`` is ``T0`` ``[B * P, Tq, H, 64]`` and the pass forms ``W`` (``w_from_t0``). Returns ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K, V]`` in
-    ``states_dtype``, ``dv_new`` ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]`` fp32), or
-    ``(dh0,)`` without ``store``."""
+    ``w`` is ``T0`` ``[B * P, Tq, H, 64]`` and the pass forms ``W`` (``w_from_t0``). Returns
+    ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K, V]`` in ``states_dtype``, ``dv_new``
+    ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]`` fp32), or ``(dh0,)`` without
+    ``store``."""
     rows, tq, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
     num_chunks = tq // CHUNK
