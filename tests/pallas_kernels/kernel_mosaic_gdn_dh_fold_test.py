@@ -17,6 +17,12 @@ The interpreter's race detection is on (``mosaic_gpu_lib.interpret_params``); a 
 reports fails the test. ``LoweringTest`` (CI) exports the folded kernel for CUDA (one and three
 launches, the latter the sequence pieces); ``ValidationTest`` (CI) the option's errors;
 ``GpuTest`` (marked ``gpu``) runs the compiled kernel on a Hopper GPU.
+
+``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51: the pass forms ``W`` from ``T0`` in the same
+warpgroup) is checked against the stored-``W`` fold with :func:`kgd.w_from_t0`'s ``W`` from the
+same rounded ``T0`` (relative RMS < 1e-3: the two ``W`` differ in the last bit of some entries)
+and against autodiff (5e-3): ``WFromT0FastInterpretTest`` (CI, one small case, about 7 s),
+``WFromT0InterpretTest`` (``slow``), ``LoweringTest`` and ``ValidationTest`` (CI), ``GpuTest``.
 """
 
 import contextlib
@@ -154,6 +160,26 @@ class GpuTest(kmg_test.HopperTestCase):
         _check(self, (1, 4096, 2, 1, 128, 128, 0.05, True, (1000, 1500), True), False, seed=6,
                states_dtype=jnp.bfloat16, pieces=4)
 
+    @parameterized.named_parameters(
+        ("gva_dht_packed_du_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999), True),
+        ("strong_decay_dht_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None,
+         False),
+        ("deltanet_packed_T1024_K128_V64", 1, 1024, 2, 2, 128, 64, None, False, (300, 200),
+         False),
+    )
+    def test_w_from_t0_matches_stored_w_and_autodiff(self, *case):
+        """``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51) compiled: ``W`` formed by ``wgmma`` in
+        the third warpgroup and handed over on ``w_ready``."""
+        _check_t0(self, case, False, seed=5, states_dtype=jnp.bfloat16)
+
+    def test_w_from_t0_sequence_pieces(self):
+        case = (1, 4096, 2, 1, 128, 128, 0.05, True, (1000, 1500), True)
+        (q, k, t0, w, do, g, beta, state_grad, seg, du), scale, _ = _t0_inputs(*case, seed=6)
+        maps = kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=4, segment_ids=seg)
+        _check_t0(self, case, False, seed=6, states_dtype=jnp.bfloat16, pieces=4,
+                  piece_maps=maps)
+
 
 def _t0_inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, dht, docs, du, seed=0):
     """As :func:`_inputs` with ``w_from_t0`` (MOSAIC_GPU.md Sec. 51): bf16 ``q, k, t0, do``,
@@ -272,6 +298,32 @@ class LoweringTest(parameterized.TestCase):
     def test_fold_pieces_export_for_cuda(self):
         _check_exports(self, 64, 128, True, True, pieces=2)
 
+    @parameterized.named_parameters(
+        ("dk128_dv128_gated_du", 128, 128, 0.2, True, 1),
+        ("dk64_dv64_deltanet", 64, 64, None, False, 1),
+        ("dk64_dv128_gated_du_pieces", 64, 128, 0.2, True, 2),
+    )
+    def test_w_from_t0_exports_for_cuda(self, dk, dv, decay, du, pieces):
+        """``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51): ``gdn_chunk_delta_dh_fold_t0`` (and its
+        ``_pieces`` launch with the forward's maps given: two launches)."""
+        (q, k, t0, w, do, g, beta, state_grad, seg, res), scale, _ = _t0_inputs(
+            1, 64 * 8, 2, 1, dk, dv, decay, True, (70, 30), du)
+        maps = (jnp.zeros((1, pieces, 2, dk, dk), jnp.float32) if pieces > 1 else None)
+
+        def fn(q, k, t0, do, g, beta, state_grad, seg, res):
+            return kgd.chunk_delta_dh_mosaic(q, k, t0, do, None, g, scale=scale,
+                                             final_state_grad=state_grad, segment_ids=seg,
+                                             states_dtype=q.dtype, fold_dv_local=True,
+                                             residual_grad=res, w_from_t0=True, beta=beta,
+                                             pieces=pieces, piece_maps=maps)
+
+        text = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+            q, k, t0, do, g, beta, state_grad, seg, res).mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), pieces)
+        self.assertIn("gdn_chunk_delta_dh_fold_t0\\00", text)
+        if pieces > 1:
+            self.assertIn("gdn_chunk_delta_dh_fold_t0_pieces\\00", text)
+
 
 class ValidationTest(absltest.TestCase):
 
@@ -290,6 +342,23 @@ class ValidationTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "residual_grad must have do's shape"):
             run(None, g, fold_dv_local=True, residual_grad=du[:, :32])
 
+    def test_rejects_bad_w_from_t0_options(self):
+        # K = 128 (W [B, T, H, 128] is not T0's shape), two chunks (P = 2 possible)
+        (q, k, t0, w, do, g, beta, _, _, _), scale, _ = _t0_inputs(1, 128, 2, 1, 128, 64, 0.1,
+                                                                   False, None, False)
+        run = functools.partial(kgd.chunk_delta_dh_mosaic, q, k, scale=scale)
+        with self.assertRaisesRegex(ValueError, "needs fold_dv_local=True"):
+            run(t0, do, do, g, w_from_t0=True, beta=beta)
+        with self.assertRaisesRegex(ValueError, "needs beta"):
+            run(t0, do, None, g, fold_dv_local=True, w_from_t0=True)
+        with self.assertRaisesRegex(ValueError, "needs beta"):
+            run(t0, do, None, g, fold_dv_local=True, w_from_t0=True, beta=beta[:, :, :1])
+        with self.assertRaisesRegex(ValueError, "beta is read only with w_from_t0"):
+            run(w, do, None, g, fold_dv_local=True, beta=beta)
+        with self.assertRaisesRegex(ValueError, r"w must be \[B, T, H, T0"):
+            run(w, do, None, g, fold_dv_local=True, w_from_t0=True, beta=beta)
+        with self.assertRaisesRegex(ValueError, "needs piece_maps"):
+            run(t0, do, None, g, fold_dv_local=True, w_from_t0=True, beta=beta, pieces=2)
 
 if __name__ == "__main__":
     absltest.main()

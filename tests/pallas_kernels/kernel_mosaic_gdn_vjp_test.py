@@ -468,6 +468,18 @@ class ValidationTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "dv_local must be one of"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dv_local="folded")
         self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "fold")  # MOSAIC_GPU.md Sec. 32.2
+        with self.assertRaisesRegex(ValueError, "dh_w must be one of"):
+            mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dh_w="w")
+        self.assertEqual(mosaic_vjp.DEFAULT_DH_W, "stored")  # MOSAIC_GPU.md Sec. 51
+        # "t0" only with the fold and a fused T0 forward on whole rows (B 8, T 4096, H 16: S1)
+        resolve = mosaic_vjp.resolve_dh_w
+        self.assertEqual(resolve("t0", "fused_t0", "fold", 8, 16, 128, 4096), "t0")
+        self.assertEqual(resolve("t0", "fused_t0_split", "fold", 8, 16, 128, 4096), "t0")
+        self.assertEqual(resolve("t0", "fused_t0", "separate", 8, 16, 128, 4096), "stored")
+        self.assertEqual(resolve("t0", "three_pass", "fold", 8, 16, 128, 4096), "stored")
+        self.assertEqual(resolve("stored", "fused_t0", "fold", 8, 16, 128, 4096), "stored")
+        if mosaic_vjp.FUSED_T0_FALLBACK and mosaic_vjp.FUSED_T0_PIECES:  # S2: pieces
+            self.assertEqual(resolve("t0", "fused_t0", "fold", 1, 16, 128, 32768), "stored")
         self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "fused_ws")  # MOSAIC_GPU.md Sec. 31.8
         self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_t0")  # MOSAIC_GPU.md Sec. 38.1
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
