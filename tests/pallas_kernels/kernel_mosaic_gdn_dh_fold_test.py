@@ -360,5 +360,6 @@ class ValidationTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "needs piece_maps"):
             run(t0, do, None, g, fold_dv_local=True, w_from_t0=True, beta=beta, pieces=2)
 
+
 if __name__ == "__main__":
     absltest.main()
