@@ -73,7 +73,8 @@ Backward: :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
 ``chunk_gated_delta_rule_bwd_dhu``, ``kernel_gpu.py``'s ``_backward_state``): the gradients of
 the states leaving every chunk, the total ``v_new`` gradient and ``dh0``, same kernel structure
 in reverse chunk order; with ``fold_dv_local`` a third warpgroup forms the chunk-local
-``dv_local`` in the pass itself (MOSAIC_GPU.md Sec. 32). The parameter gradients and the
+``dv_local`` in the pass itself (MOSAIC_GPU.md Sec. 32), and with ``w_from_t0`` also ``W`` from
+the gate-free inverse ``T0`` (Sec. 51). The parameter gradients and the
 ``custom_vjp`` are in :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`,
 :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd` and
 :mod:`pallas_kernels.gated_delta_rule.mosaic_vjp`.

@@ -62,6 +62,11 @@ and 2 are one kernel: the reverse state pass
 ``fold_dv_local=True``) forms ``dv_local`` (and adds ``du``) in a third warpgroup, so
 ``dv_local`` never reaches HBM and its launch is gone; same roundings, same results.
 
+With ``dh_w="t0"`` (MOSAIC_GPU.md Sec. 51; off by default until a GPU timing) and
+``dv_local="fold"``, the fused ``T0`` forwards on whole rows keep no ``W``: their ``T0`` kernel
+runs without ``return_w`` and the folded reverse pass forms ``W`` per chunk from the ``T0``
+residual (``chunk_delta_dh_mosaic(w_from_t0=True)``), as jla's state backward does.
+
 Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this op for
 ``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode), and for
 ``"auto"`` on Hopper where the call fits (since 2026-12-06, timed faster than the Triton kernels
