@@ -45,7 +45,11 @@ record and a table of their own. A plain value runs ``dv_local="separate"`` (sta
 kernel ``gdn_chunk_dv_local``), whatever the op's default; a value with the suffix ``+fold``
 (``fused_ws+fold``, the op's default since Sec. 32.2) runs that backward with ``dv_local="fold"``
 (the reverse state pass forms ``dv_local`` itself, kernel ``gdn_chunk_delta_dh_fold``; Sec. 32),
-so ``--mosaic_backward=fused_ws,fused_ws+fold`` times separate against fold in one run.
+so ``--mosaic_backward=fused_ws,fused_ws+fold`` times separate against fold in one run. A
+further suffix ``+t0w`` (``fused_ws+fold+t0w``) also sets ``dh_w="t0"``: the folded reverse
+pass forms ``W`` from ``T0`` (kernel ``gdn_chunk_delta_dh_fold_t0``) and the fused ``T0``
+forward's ``T0`` kernel writes no ``W`` (Sec. 51; whole rows only: elsewhere the op runs the
+stored ``W``), so ``--mosaic_backward=fused_ws+fold,fused_ws+fold+t0w`` times the two.
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -173,7 +177,9 @@ _MOSAIC_BACKWARD = flags.DEFINE_list(
     "the one kernel chunk_bwd_fused_mosaic with T0 from the fused_t0 forwards or "
     "chunk_kkt_inverse_mosaic, one warpgroup; fused_ws: the same on three warpgroups; "
     "MOSAIC_GPU.md Sec. 31), with dv_local=separate; the suffix +fold (e.g. fused_ws+fold) "
-    "sets dv_local=fold instead (the reverse state pass forms dv_local, Sec. 32). Several "
+    "sets dv_local=fold instead (the reverse state pass forms dv_local, Sec. 32), and "
+    "+fold+t0w (fused_ws+fold+t0w) also dh_w=t0 (the reverse pass forms W from T0, the T0 "
+    "kernel writes no W; Sec. 51). Several "
     "(split,fused,fused_ws) time mosaic once per value, each with its own gate and record "
     "(field mosaic_backward) and a table of their own below the main one; empty: the op's "
     "defaults (fused_ws+fold), not recorded.")
@@ -496,11 +502,13 @@ def correctness_gate(op, peer, fwd_only=False):
     # forward as three_pass, or "fused_t0" as sequence pieces (mosaic_vjp.resolve_forward,
     # FUSED_T0_PIECES): the gate checks the forward named, "fused_t0" as the pieces it runs
     # on such rows when FUSED_T0_PIECES is on (the default; --nomosaic_t0_pieces turns it off).
+    # A "+t0w" value (dh_w="t0", MOSAIC_GPU.md Sec. 51) runs whole rows, where dh_w="t0" applies.
     from pallas_kernels.gated_delta_rule import mosaic_vjp
     fallback = mosaic_vjp.FUSED_T0_FALLBACK
     named = _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD
+    t0w = (_MOSAIC_BACKWARD_NOW[0] or "").endswith(T0W_SUFFIX)
     mosaic_vjp.FUSED_T0_FALLBACK = (fallback and mosaic_vjp.FUSED_T0_PIECES
-                                    and named == "fused_t0")
+                                    and named == "fused_t0" and not t0w)
     try:
         got_o = passes["fwd"](q, k, v, do, **gates)
         got_g = () if fwd_only else passes["fwdbwd"](q, k, v, do, **gates)
@@ -710,20 +718,33 @@ def _check_mosaic_backward():
 _MOSAIC_BACKWARD_NOW = [None]
 # The suffix of a --mosaic_backward value that also sets dv_local="fold" (MOSAIC_GPU.md Sec. 32).
 FOLD_SUFFIX = "+fold"
+# The suffix after FOLD_SUFFIX that also sets dh_w="t0" (W formed from T0, MOSAIC_GPU.md Sec. 51).
+T0W_SUFFIX = "+t0w"
 
 
 def mosaic_backward_choices(backwards):
-    """The ``--mosaic_backward`` values: each backward, and each with :data:`FOLD_SUFFIX`."""
-    return tuple(backwards) + tuple(b + FOLD_SUFFIX for b in backwards)
+    """The ``--mosaic_backward`` values: each backward, each with :data:`FOLD_SUFFIX`, and each
+    with both suffixes (:data:`T0W_SUFFIX` needs the fold)."""
+    return (tuple(backwards) + tuple(b + FOLD_SUFFIX for b in backwards)
+            + tuple(b + FOLD_SUFFIX + T0W_SUFFIX for b in backwards))
+
+
+def mosaic_backward_base(value):
+    """The ``backward=`` of a ``--mosaic_backward`` value (its suffixes removed)."""
+    for suffix in (T0W_SUFFIX, FOLD_SUFFIX):
+        value = value[:-len(suffix)] if value.endswith(suffix) else value
+    return value
 
 
 def mosaic_backward_options(value):
     """``gated_delta_rule_mosaic``'s keyword options of a ``--mosaic_backward`` value
     (``{}`` for ``None``, the op's defaults): ``backward=``, and ``dv_local="fold"`` for a
     ``+fold`` value, else ``"separate"`` (named, so a value means what it meant before the
-    op's default became ``"fold"``)."""
+    op's default became ``"fold"``); ``dh_w="t0"`` for a ``+fold+t0w`` value."""
     if value is None:
         return {}
+    if value.endswith(T0W_SUFFIX):  # "+fold+t0w": dh_w="t0" (MOSAIC_GPU.md Sec. 51)
+        return dict(mosaic_backward_options(value[:-len(T0W_SUFFIX)]), dh_w="t0")
     if value.endswith(FOLD_SUFFIX):
         return {"backward": value[:-len(FOLD_SUFFIX)], "dv_local": "fold"}
     return {"backward": value, "dv_local": "separate"}
@@ -894,6 +915,13 @@ def run_jax(records):
                                 heads, _DIM.value, seq_len)
                             rec["mosaic_pieces_run"] = mosaic_vjp.fused_t0_pieces(
                                 rec["mosaic_forward_run"], batch, heads, _DIM.value, seq_len)
+                            # where W of the reverse pass came from (Sec. 51; "+t0w" values)
+                            bw_opts = mosaic_backward_options(backward)
+                            rec["mosaic_dh_w_run"] = mosaic_vjp.resolve_dh_w(
+                                bw_opts.get("dh_w", mosaic_vjp.DEFAULT_DH_W),
+                                rec["mosaic_forward_run"],
+                                bw_opts.get("dv_local", mosaic_vjp.DEFAULT_DV_LOCAL), batch,
+                                heads, _DIM.value, seq_len)
                         if state_pass is not None:
                             rec["channelwise_state_pass"] = state_pass
                         if grad_pass is not None:
@@ -1252,13 +1280,14 @@ def mosaic_backward_lines(records):
                  "`gdn_chunk_wy_bwd`), or `fused` / `fused_ws`, `gdn_chunk_bwd_fused` / "
                  "`gdn_chunk_bwd_fused_ws` (one / three warpgroups; with "
                  "`gdn_chunk_kkt_inverse*`, the T0 kernel); `+fold`: `dv_local` formed in the "
-                 "reverse state pass (Sec. 32).", "",
+                 "reverse state pass (Sec. 32); `+t0w`: `W` formed there from `T0`, the T0 "
+                 "kernel without `_w` (Sec. 51).", "",
              "| op | shape | pass | backward | kernel | chunk-local backward kernels | "
              "dv_local + reverse pass | wall | gate |",
              "|---|---|---|---|---:|---:|---:|---:|---|"]
     for r in recs:
         value = r["mosaic_backward"]
-        base = value[:-len(FOLD_SUFFIX)] if value.endswith(FOLD_SUFFIX) else value
+        base = mosaic_backward_base(value)
         own = _own_ms(r, *_BACKWARD_KERNELS[base])
         dvl = _own_ms(r, *_DV_LOCAL_KERNELS)
         lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | {value} | "

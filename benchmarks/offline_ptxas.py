@@ -101,7 +101,9 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 ``gdn_fused_t0_split`` (``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
 (``chunk_delta_dh_mosaic``), ``gdn_bwd_dh_fold`` / ``gdn_bwd_dh_fold_pieces`` (the same with
 ``dv_local="fold"``, three warpgroups: MOSAIC_GPU.md Sec. 32; the pieces' launch only at rows
-with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_grads``
+with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_dh_fold_t0`` (the same with
+``dh_w="t0"`` under ``forward="fused_t0"``: ``W`` formed from ``T0`` in the pass, Sec. 51),
+``gdn_bwd_grads``
 (``chunk_delta_grads_mosaic``), ``gdn_wy_bwd`` (``chunk_wy_bwd_mosaic``). Options after ``:``:
 ``infer`` (the primal alone: the fused GDN kernels then store neither ``h`` nor ``v_new``),
 ``nog`` (``g=None``: the same modules, the ops pass zero gates), and for
@@ -596,6 +598,9 @@ OP_KERNELS = {
     # dv_local="fold": the reverse state pass forms dv_local (MOSAIC_GPU.md Sec. 32, OP_DV_LOCALS)
     "gdn_bwd_dh_fold": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold",)),
     "gdn_bwd_dh_fold_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold_pieces",)),
+    # dh_w="t0": the folded pass forms W from T0 (MOSAIC_GPU.md Sec. 51, OP_DH_WS); the fused
+    # T0 forward on whole rows, whose T0 kernel then writes no W
+    "gdn_bwd_dh_fold_t0": ("gdn", "fused_t0", ("gdn_chunk_delta_dh_fold_t0",)),
 }
 # The backward= of gated_delta_rule_mosaic for the OP_KERNELS entries of one backward (its
 # default is "fused_ws" since 2026-12-05, MOSAIC_GPU.md Sec. 31.8; stages 3 and 4 are "split"'s).
@@ -607,6 +612,9 @@ OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws",
 OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold",
                 "gdn_bwd_dv_local": "separate", "gdn_bwd_dh": "separate",
                 "gdn_bwd_dh_pieces": "separate"}
+# The dh_w= of gated_delta_rule_mosaic for the OP_KERNELS entries that set it (its default is
+# "stored"; MOSAIC_GPU.md Sec. 51).
+OP_DH_WS = {"gdn_bwd_dh_fold_t0": "t0"}
 # Options after ":" (any order): "infer" (the primal alone, as at inference: the fused GDN
 # kernels then store neither h nor v_new), "nog" (g=None: linear attention, DeltaNet), and for
 # gdn_fused_t0_split a split order of kernel_mosaic_gpu_fused.SPLIT_ORDERS, "s3" (three ring
@@ -724,14 +732,15 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
               split: Optional[Dict] = None, batch: int = 8, seq_len: int = 4096,
               heads: int = 16, dk: int = 128, dv: int = 128, dtype: str = "bfloat16",
               docs: bool = True, kv_heads: Optional[int] = None,
-              backward: Optional[str] = None, dv_local: Optional[str] = None) -> List[str]:
+              backward: Optional[str] = None, dv_local: Optional[str] = None,
+              dh_w: Optional[str] = None) -> List[str]:
     """The Mosaic GPU modules of one op configuration, exported through the op: the training
     step (``jax.vjp`` of ``o``, then its backward with a cotangent ``do``) or, with ``infer``,
     the primal alone. ``op``: ``"gla"`` (``simple_gla_mosaic``) or ``"gdn"``
     (``gated_delta_rule_mosaic``); ``split``: ``SPLIT_T0_OPTIONS`` for the export;
     ``kv_heads``: ``Hk`` of ``q, k`` ``[B, T, Hk, K]`` (GVA, ``gdn`` only; ``None``: ``H``);
-    ``backward``, ``dv_local``: ``gated_delta_rule_mosaic``'s ``backward=`` and ``dv_local=``
-    (``gdn`` only; ``None``: its default)."""
+    ``backward``, ``dv_local``, ``dh_w``: ``gated_delta_rule_mosaic``'s ``backward=``,
+    ``dv_local=`` and ``dh_w=`` (``gdn`` only; ``None``: its default)."""
     import jax
     import jax.numpy as jnp
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
@@ -753,7 +762,8 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
         return mosaic_vjp.gated_delta_rule_mosaic(
             q, k, v, g, beta, segment_ids=seg, forward=forward,
             **({} if backward is None else dict(backward=backward)),
-            **({} if dv_local is None else dict(dv_local=dv_local)))[0]
+            **({} if dv_local is None else dict(dv_local=dv_local)),
+            **({} if dh_w is None else dict(dh_w=dh_w)))[0]
 
     def step(q, k, v, g, beta, do, seg=None):
         if infer:
@@ -803,13 +813,14 @@ def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int 
     op, forward, patterns, options = parse_op_entry(name)
     backward = OP_BACKWARDS.get(name.split(":")[0])
     dv_local = OP_DV_LOCALS.get(name.split(":")[0])
+    dh_w = OP_DH_WS.get(name.split(":")[0])
     key = (op, forward, options["infer"], options["nog"],
            tuple(sorted(options["split"].items())), tuple(sorted(shape.items())), backward,
-           dv_local)
+           dv_local, dh_w)
     if key not in _EXPORTS:
         _EXPORTS[key] = op_export(op, forward, infer=options["infer"], nog=options["nog"],
                                   split=options["split"], backward=backward, dv_local=dv_local,
-                                  **shape)
+                                  dh_w=dh_w, **shape)
     picked = [(module_kernel_name(t), t) for t in _EXPORTS[key]]
     picked = [(k, t) for k, t in picked if _matches(k, patterns)]
     if not picked:

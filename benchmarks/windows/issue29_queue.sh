@@ -81,6 +81,9 @@
 #               never timed) as peer mosaic beside ours (two_pass) and jla, S1, S2, P1, fwd and
 #               fwd+bwd (decision rule in Sec. 50)
 #   lgt_ftests 200  the fused forward's gpu tests (kernel_mosaic_gpu_fused_test.py, never run)
+#   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
+#               without W) against the stored W at S1, jla beside, then its six gpu tests
+#               (decision rule in Sec. 51)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
 # cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
@@ -122,7 +125,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
-  lgt_ftests) echo 200;;
+  lgt_ftests) echo 200;; dhw) echo 330;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -581,6 +584,21 @@ run_tab_fla() {  # the table's fla column, all five ops (fla's own autotuned con
   echo "fla rc=$?"; grep -a -h -i 'fla worker failed' -A3 $O/tab_fla/fla.log | cut -c1-300
   tab_show $O/tab_fla/fla.jsonl
   python3 benchmarks/acceptance.py $O/tab_*/*.jsonl
+}
+run_dhw() {  # Sec. 51: dh_w="t0" (+fold+t0w) against the stored W (+fold), one process, S1
+  mkdir -p $O/dhw; local s=$SECONDS
+  timeout 200 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla --passes=fwdbwd \
+    --shapes=S1 --mosaic_backward=fused_ws+fold,fused_ws+fold+t0w --breakdown_top=16 \
+    --iters=30 --warmup=5 --out=$O/dhw/gdn > $O/dhw/gdn.log 2>&1
+  echo "bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/dhw/gdn.log | cut -c1-300
+  grep -a -h -o '"mosaic_backward": "[^"]*"\|"mosaic_dh_w_run": "[^"]*"' $O/dhw/gdn.log | paste - -
+  gdn_show $O/dhw/gdn.log
+  timeout $((320 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    -k "w_from_t0 or dh_w_t0" $T/kernel_mosaic_gdn_dh_fold_test.py \
+    $T/kernel_mosaic_gdn_vjp_test.py > $O/dhw/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -E 'vs stored|passed|failed|FAILED|Error' $O/dhw/tests.log | cut -c1-200 | tail -40
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

@@ -73,7 +73,8 @@ Backward: :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
 ``chunk_gated_delta_rule_bwd_dhu``, ``kernel_gpu.py``'s ``_backward_state``): the gradients of
 the states leaving every chunk, the total ``v_new`` gradient and ``dh0``, same kernel structure
 in reverse chunk order; with ``fold_dv_local`` a third warpgroup forms the chunk-local
-``dv_local`` in the pass itself (MOSAIC_GPU.md Sec. 32). The parameter gradients and the
+``dv_local`` in the pass itself (MOSAIC_GPU.md Sec. 32), and with ``w_from_t0`` also ``W`` from
+the gate-free inverse ``T0`` (Sec. 51). The parameter gradients and the
 ``custom_vjp`` are in :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`,
 :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd` and
 :mod:`pallas_kernels.gated_delta_rule.mosaic_vjp`.
@@ -1784,7 +1785,7 @@ def gated_delta_rule_fwd_mosaic(
 
 def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, group: int,
                          scale: float, has_dht: bool, fp32_states: bool, pieces: int, store: bool,
-                         fold: bool, has_du: bool, interpret: bool):
+                         fold: bool, has_du: bool, interpret: bool, w_t0: bool = False):
     """Kernel body of :func:`chunk_delta_dh_mosaic`; refs are GMEM.
 
     ``rest`` = ``[dvl_ref,] g_ref, last_ref, conn_ref, [doc_ref,] [dht_ref,] [dh_ref,
@@ -1802,10 +1803,21 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
     ``du``, in fp32), and publishes it rounded to the input dtype in the ring's ``dvl_s`` slot
     (where ``du`` landed, or the TMA copy of ``dv_local`` lands without ``fold``) on
     ``dvl_ready[slot]``; the state warpgroup reads it there as before.
+
+    With ``w_t0`` (``fold`` only; MOSAIC_GPU.md Sec. 51) ``w_ref`` is the gate-free inverse
+    ``T0`` ``[B, Tp, H, 64]`` and ``rest`` holds ``bc_ref`` (``beta conn``, fp32 ``[B, H, Tp]``)
+    after ``conn_ref``: the ring carries ``T0`` (``t0_s``) and ``beta conn`` as columns
+    (``bcc_s``) instead of ``W``, and the third warpgroup, after publishing ``dv_local``, forms
+    ``W = diag(e^G) (T0 diag(beta conn)) K`` (the product's left factor split into 16-bit
+    ``hi + lo`` register operands, fp32 accumulation, rounded once), writes it into the ring's
+    ``w_s`` slot and arrives on ``w_ready[slot]``; the state warpgroup waits there before its
+    ``W^T dv_new`` product. The slot is rewritten only after both warpgroups released the
+    stage (as ``dvl_s``).
     """
     rest = list(rest)
     dvl_ref = rest.pop(0) if (has_du or not fold) else None
     g_ref, last_ref, conn_ref = rest.pop(0), rest.pop(0), rest.pop(0)
+    bc_ref = rest.pop(0) if w_t0 else None
     doc_ref = rest.pop(0) if fold else None
     dht_ref = rest.pop(0) if has_dht else None
     dh_ref, dvn_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
@@ -1813,8 +1825,11 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
      dvneg_s, state_s, ds_s, in_bar, in_free, io_bar, done, *extra) = rest
     if fold:  # g's column copy, doc's row and column copies, dvl_ready
         gcol_s, docr_s, docc_s, dvl_ready, *extra = extra
+    if w_t0:  # the T0 ring, beta conn as columns, w_ready (W formed by wg 2 into w_s)
+        t0_s, bcc_s, w_ready, *extra = extra
     qt_s, wt_s = extra[:2] if interpret else (None, None)
     qt2_s, pt_s = extra[2:4] if interpret and fold else (None, None)  # wg 2's shims
+    wh_s, wl_s = extra[4:6] if interpret and w_t0 else (None, None)  # W's left operands
     dhst_s = state_s if fp32_states else ds_s  # staging of the stored dh
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # dh's row, 1st chunk
@@ -1832,7 +1847,11 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
             bar = in_bar.at[slot]
             plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
+            if w_t0:  # T0 and beta conn (columns); wg 2 forms W into w_s
+                plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], t0_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(bc_ref.at[b, h, rows], bcc_s.at[slot], bar)
+            else:
+                plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h, cols], do_s.at[slot], bar)
             if dvl_ref is not None:  # dv_local, or (fold) du into the slot wg 2 publishes in
                 plgpu.copy_gmem_to_smem(dvl_ref.at[b, rows, h, cols], dvl_s.at[slot], bar)
@@ -1850,6 +1869,31 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
         @pl.when(wg == 2)
         def _dv_local():
             plgpu.set_max_registers(DH_FOLD_REGISTERS[2], action="increase")
+
+            def _form_w(slot):
+                """``W = diag(e^G) (T0 diag(beta conn)) K`` into ``w_s[slot]``: the
+                ``T0`` kernel's ``W`` (``_kkt_inverse_kernel``'s ``store_w``) from the
+                rounded ``T0``; ``hi + lo`` keeps ``T0_ij beta_j conn_j`` to 16 more bits."""
+                k_c = k_s.at[slot]
+                t = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+                bc = mgl.load_cols(bcc_s.at[slot], interpret)
+                t = t * lax.broadcast_in_dim(bc, t.shape, [1])
+                hi = t.astype(k_c.dtype)
+                lo = (t - hi.astype(jnp.float32)).astype(k_c.dtype)
+                hi = mgl.lhs_operand(hi, wh_s, interpret)
+                lo = mgl.lhs_operand(lo, wl_s, interpret)
+
+                def w_product(acc):  # (T0 diag(beta conn)) K, hi + lo, [C, K]
+                    plgpu.wgmma(acc, hi, k_c)
+                    plgpu.wgmma(acc, lo, k_c)
+                    return acc[...]
+
+                # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+                w = lax.optimization_barrier(pl.run_scoped(w_product, plgpu.ACC((CHUNK, dk))))
+                g_i = mgl.load_rows(g_s.at[slot], interpret)
+                w_s[slot] = (w * mgl.by_row(jnp.exp(g_i), w.shape)).astype(w_s.dtype)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(w_ready.at[slot])
 
             @pl.loop(0, num_chunks)
             def _step(i):
@@ -1879,6 +1923,8 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
                 dvl_s[slot] = dvl.astype(dvl_s.dtype)
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(dvl_ready.at[slot])
+                if w_t0:  # W of this chunk from T0, off the state warpgroup's chain
+                    _form_w(slot)
                 plgpu.barrier_arrive(in_free.at[slot])  # q, k, do, the vectors read
 
     @pl.when(wg == 0)
@@ -1932,6 +1978,8 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
             if store:
                 plgpu.copy_smem_to_gmem(dvn_s, dvn_ref.at[b, rows, h, cols])
             q_t = mgl.transposed(q_s.at[slot], qt_s, interpret)  # copies if interpreting
+            if w_t0:  # wg 2 has written this chunk's W into the slot
+                plgpu.barrier_wait(w_ready.at[slot])
             w_t = mgl.transposed(w_s.at[slot], wt_s, interpret)
 
             def update(acc):
@@ -1963,7 +2011,7 @@ DH_FOLD_REGISTERS = (232, 40, 232)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "pieces", "fold_dv_local",
-                                             "interpret"))
+                                             "w_from_t0", "interpret"))
 def chunk_delta_dh_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1982,6 +2030,8 @@ def chunk_delta_dh_mosaic(
     piece_maps: Optional[jax.Array] = None,
     fold_dv_local: bool = False,
     residual_grad: Optional[jax.Array] = None,
+    w_from_t0: bool = False,
+    beta: Optional[jax.Array] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The reverse delta state pass: state gradients of every chunk, total ``dv_new``, ``dh0``.
@@ -2045,6 +2095,26 @@ def chunk_delta_dh_mosaic(
     :data:`DH_FOLD_REGISTERS`. With ``V = 128`` each of the two value-column CTAs forms
     ``K Q^T`` (2 x 64x64xK more products than the separate kernel).
 
+    With ``w_from_t0`` (and ``fold_dv_local``; MOSAIC_GPU.md Sec. 51; jla's ``state_bwd``
+    likewise reads only ``T0``) the ``w`` argument is the gate-free inverse ``T0``
+    ``[B, T, H, 64]`` of :func:`chunk_kkt_inverse_mosaic` and the pass forms ``W`` per chunk
+    itself, in the ``dv_local`` warpgroup after it published ``dv_local``::
+
+        W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j      (W = T diag(beta conn e^G) K)
+
+    the definition of ``chunk_kkt_inverse_mosaic(return_w=True)``: ``T0 diag(beta conn)`` in
+    fp32 split into 16-bit ``hi + lo`` register operands, two ``[64, 64] x [64, K]``
+    ``wgmma`` into one fp32 accumulator, rows scaled by ``e^G``, rounded once to the input
+    dtype into the ring's ``w_s`` slot (a new barrier ``w_ready`` per stage; the state
+    warpgroup waits on it just before ``W^T dv_new``). The one difference from that kernel's
+    ``W``: it starts from the fp32 ``T0``, this from ``T0`` rounded to the input dtype (the
+    residual), i.e. :func:`w_from_t0`'s ``W`` (interpreted, relative RMS against the fp32 WY
+    factor 1.735e-3 against 1.677e-3 at bf16, MOSAIC_GPU.md Sec. 36). The ring reads 8 KB of
+    ``T0`` per chunk instead of ``K / 64`` x 8 KB of ``W``, plus one 256-byte vector; the
+    forward's ``T0`` kernel need not write ``W`` (0.058 ms at S1 on an H100). Two more
+    ``[64, 64] x [64, K]`` products per chunk in the ``dv_local`` warpgroup (per value-column
+    CTA). SMEM +16.5 KB (the ``T0`` ring; ``w_s`` stays, written by the warpgroup).
+
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
             query/key head ``h // (H // Hk)``).
@@ -2087,6 +2157,10 @@ def chunk_delta_dh_mosaic(
             residual ``u = v_new``, added to the folded ``dv_local`` in fp32; only with
             ``fold_dv_local`` (without it, add it to ``dv_local``, as
             ``chunk_dv_local_mosaic(residual_grad=)`` does).
+        w_from_t0: static; ``w`` is ``T0`` ``[B, T, H, 64]`` (q's dtype) and the pass forms
+            ``W`` from it (above). Needs ``fold_dv_local`` and ``beta``; with sequence pieces
+            (``P > 1``) also ``piece_maps`` (the maps would need ``W``).
+        beta: write strengths ``[B, T, H]`` (read as fp32), only with ``w_from_t0``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -2105,7 +2179,9 @@ def chunk_delta_dh_mosaic(
             ``segment_ids``, ``final_state_grad`` or ``piece_maps`` shape, a ``states_dtype``
             that is neither fp32 nor the input dtype, ``pieces`` not a positive divisor of
             ``ceil(T / 64)``, a ``dv_local`` given with ``fold_dv_local`` or missing without it,
-            or a ``residual_grad`` without ``fold_dv_local`` or not of ``do``'s shape and dtype.
+            or a ``residual_grad`` without ``fold_dv_local`` or not of ``do``'s shape and dtype,
+            ``w_from_t0`` without ``fold_dv_local``, without a ``[B, T, H]`` ``beta`` or (with
+            ``P > 1``) without ``piece_maps``, or a ``beta`` without ``w_from_t0``.
     """
     batch, seq_len, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
@@ -2113,9 +2189,18 @@ def chunk_delta_dh_mosaic(
     if k.shape != q.shape or k.dtype != q.dtype:
         raise ValueError(f"k must have q's shape {q.shape} and dtype {q.dtype}, got {k.shape=} "
                          f"{k.dtype=}")
-    if w.shape != (batch, seq_len, heads, dk) or w.dtype != q.dtype:
-        raise ValueError(f"w must be [B, T, H, K] = {(batch, seq_len, heads, dk)} in q's dtype "
-                         f"{q.dtype}, got {w.shape=} {w.dtype=}")
+    w_cols, w_name = (CHUNK, "T0 (w_from_t0)") if w_from_t0 else (dk, "K")
+    if w.shape != (batch, seq_len, heads, w_cols) or w.dtype != q.dtype:
+        raise ValueError(f"w must be [B, T, H, {w_name}] = {(batch, seq_len, heads, w_cols)} in "
+                         f"q's dtype {q.dtype}, got {w.shape=} {w.dtype=}")
+    if w_from_t0 and not fold_dv_local:
+        raise ValueError("w_from_t0=True forms W in the dv_local warpgroup: it needs "
+                         "fold_dv_local=True")
+    if w_from_t0 and (beta is None or beta.shape != (batch, seq_len, heads)):
+        raise ValueError(f"w_from_t0=True needs beta [B, T, H] = {(batch, seq_len, heads)}, got "
+                         f"{None if beta is None else beta.shape}")
+    if beta is not None and not w_from_t0:
+        raise ValueError("beta is read only with w_from_t0=True")
     if fold_dv_local and dv_local is not None:
         raise ValueError("fold_dv_local=True forms dv_local in the pass: pass dv_local=None "
                          "(and the residual's cotangent as residual_grad)")
@@ -2139,6 +2224,9 @@ def chunk_delta_dh_mosaic(
     if pieces > 1 and piece_maps is not None and piece_maps.shape != maps_shape:
         raise ValueError(f"piece_maps must be [B, P, H, K, K] = {maps_shape}, got "
                          f"{piece_maps.shape=}")
+    if pieces > 1 and w_from_t0 and piece_maps is None:
+        raise ValueError("w_from_t0=True with sequence pieces needs piece_maps (the forward's; "
+                         "forming them here would need W)")
     # Padding tokens have q = k = w = do = dv_local = 0 and g = 0: dv_new = 0 there and dS'
     # passes through unchanged.
     q, k, w, do = (mgl.pad_time(x, num_chunks) for x in (q, k, w, do))
@@ -2146,12 +2234,15 @@ def chunk_delta_dh_mosaic(
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     doc = doc if fold_dv_local else None  # the same-document mask of D, folded pass only
+    # w_from_t0: beta conn, head-major [B, H, Tp] fp32 (one fusion with beta's transpose)
+    bc = (jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)
+          * conn[:, None, :]) if w_from_t0 else None
     dht = None if final_state_grad is None else final_state_grad.astype(jnp.float32)
     run = functools.partial(_delta_dh_call, group=heads // kv_heads, scale=float(scale),
                             pieces=pieces, states_dtype=states_dtype, interpret=interpret)
     with jax.named_scope("gdn_chunk_delta_dh_mosaic"):
         if pieces == 1:
-            dh, dvn, dh0 = run(q, k, w, do, dvl_in, gc, last, conn, doc, dht)
+            dh, dvn, dh0 = run(q, k, w, do, dvl_in, gc, last, conn, doc, dht, bc=bc)
             return dh, dvn[:, :seq_len], dh0
         # Sequence pieces: each piece's reverse map d -> M_p^T d + Y_p (Y_p from a zero exit
         # gradient, storing nothing else), the exit gradients by a loop from the last piece,
@@ -2160,56 +2251,69 @@ def chunk_delta_dh_mosaic(
                                          for x in (q, k, w, do, last, conn))
         dvlp, docp = (None if x is None else mgl.split_rows(x, pieces) for x in (dvl_in, doc))
         gp = mgl.split_head_major(gc, pieces)
+        bcp = None if bc is None else mgl.split_head_major(bc, pieces)
         if piece_maps is None:
             h_run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
                                       states_dtype=q.dtype, interpret=interpret)
             piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces)
-        (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp, None, store=False)
+        (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp, None, store=False,
+                         bc=bcp)
         exits = mgl.scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv),
                                     dht, reverse=True)
         dh, dvn, dh0s = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp,
-                            exits.reshape(batch * pieces, heads, dk, dv))
+                            exits.reshape(batch * pieces, heads, dk, dv), bc=bcp)
         dvn = dvn.reshape(batch, num_chunks * CHUNK, heads, dv)
         return dh, dvn[:, :seq_len], dh0s.reshape(batch, pieces, heads, dk, dv)[:, 0]
 
 
 def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scale, pieces,
-                   states_dtype, interpret, store=True):
+                   states_dtype, interpret, store=True, bc=None):
     """One launch of the reverse delta state pass over ``[B * P]`` rows (pieces as rows; see
     :func:`_delta_dstate_kernel`). ``doc`` (the document ids) given: the folded pass
     (``fold_dv_local``), with ``dvl_in`` the residual's cotangent or ``None``; else ``dvl_in``
-    is ``dv_local``. Returns ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K, V]`` in
-    ``states_dtype``, ``dv_new`` ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]`` fp32), or
-    ``(dh0,)`` without ``store``."""
+    is ``dv_local``. ``bc`` (``beta conn``, fp32 ``[B * P, H, Tq]``) given (folded pass only):
+    ``w`` is ``T0`` ``[B * P, Tq, H, 64]`` and the pass forms ``W`` (``w_from_t0``). Returns
+    ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K, V]`` in ``states_dtype``, ``dv_new``
+    ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]`` fp32), or ``(dh0,)`` without
+    ``store``."""
     rows, tq, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
     num_chunks = tq // CHUNK
     fp32_states = states_dtype == jnp.dtype(jnp.float32)
     fold = doc is not None
     has_du = fold and dvl_in is not None
+    w_t0 = bc is not None
+    assert fold or not w_t0, "w_from_t0 needs the folded pass"
     kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks, group=group,
                                scale=scale, has_dht=dht is not None, fp32_states=fp32_states,
                                pieces=pieces, store=store, fold=fold, has_du=has_du,
-                               interpret=interpret)
+                               interpret=interpret, w_t0=w_t0)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
     out_type = _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, do.dtype,
                                     store)
-    # Copies per stage: q, k, w, do, the gate, last, conn; dv_local (or du); fold: 3 vectors.
-    copies = 7 + (dvl_in is not None) + 3 * fold
+    # Copies per stage: q, k, w (or T0), do, the gate, last, conn; dv_local (or du); fold: 3
+    # vectors; w_from_t0: beta conn (columns).
+    copies = 7 + (dvl_in is not None) + 3 * fold + w_t0
     fold_scratch = [vec, vec, vec,  # gcol_s, docr_s, docc_s: D's row / column copies
                     plgpu.Barrier(num_arrivals=1, num_barriers=STAGES)]  # dvl_ready
+    if w_t0:
+        fold_scratch += [swz((STAGES, CHUNK, CHUNK), w.dtype),  # t0_s: the T0 ring
+                         vec,  # bcc_s: beta conn as columns
+                         plgpu.Barrier(num_arrivals=1, num_barriers=STAGES)]  # w_ready
     shim = [plgpu.SMEM((dk, CHUNK), q.dtype)] * 2  # qt_s, wt_s
     if fold:
         shim += [plgpu.SMEM((dk, CHUNK), q.dtype),  # qt2_s: wg 2's Q^T
                  plgpu.SMEM((CHUNK, CHUNK), do.dtype)]  # pt_s: P^T as the left operand
+    if w_t0:
+        shim += [plgpu.SMEM((CHUNK, CHUNK), q.dtype)] * 2  # wh_s, wl_s: W's left operands
     call = plgpu.kernel(
         kernel,
         out_type=out_type,
         scratch_types=[
             swz((STAGES, CHUNK, dk), q.dtype),  # q_s
             swz((STAGES, CHUNK, dk), k.dtype),  # k_s
-            swz((STAGES, CHUNK, dk), w.dtype),  # w_s
+            swz((STAGES, CHUNK, dk), q.dtype),  # w_s (w_from_t0: written by wg 2)
             swz((STAGES, CHUNK, BLOCK_V), do.dtype),  # do_s
             swz((STAGES, CHUNK, BLOCK_V), do.dtype),  # dvl_s: dv_local (fold: wg 2's, du in)
             vec, vec, vec,  # g_s, last_s, conn_s
@@ -2230,9 +2334,10 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
         thread_name="wg",
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=("gdn_chunk_delta_dh" + ("_fold" if fold else "")
+        kernel_name=("gdn_chunk_delta_dh" + ("_fold" if fold else "") + ("_t0" if w_t0 else "")
                      + ("" if store else "_pieces")),
     )
     args = (q, k, w, do) + (() if dvl_in is None else (dvl_in,)) + (gc, last, conn)
+    args += () if bc is None else (bc,)
     args += (() if doc is None else (doc,)) + (() if dht is None else (dht,))
     return call(*args)

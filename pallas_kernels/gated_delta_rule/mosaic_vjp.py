@@ -62,6 +62,11 @@ and 2 are one kernel: the reverse state pass
 ``fold_dv_local=True``) forms ``dv_local`` (and adds ``du``) in a third warpgroup, so
 ``dv_local`` never reaches HBM and its launch is gone; same roundings, same results.
 
+With ``dh_w="t0"`` (MOSAIC_GPU.md Sec. 51; off by default until a GPU timing) and
+``dv_local="fold"``, the fused ``T0`` forwards on whole rows keep no ``W``: their ``T0`` kernel
+runs without ``return_w`` and the folded reverse pass forms ``W`` per chunk from the ``T0``
+residual (``chunk_delta_dh_mosaic(w_from_t0=True)``), as jla's state backward does.
+
 Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this op for
 ``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode), and for
 ``"auto"`` on Hopper where the call fits (since 2026-12-06, timed faster than the Triton kernels
@@ -109,6 +114,17 @@ DEFAULT_BACKWARD = "fused_ws"
 # 2.044 ms at S1 and 2.584 at S2 against "separate"'s 2.250 and 2.789, the gates green.
 DV_LOCALS = ("separate", "fold")
 DEFAULT_DV_LOCAL = "fold"
+
+# Where the reverse state pass gets W (``dh_w=``, MOSAIC_GPU.md Sec. 51): "stored", the
+# forward's residual (for the fused T0 forwards the T0 kernel's return_w form writes it,
+# gdn_chunk_kkt_inverse_subst_split_w); "t0", the folded pass forms W per chunk from the T0
+# residual in its dv_local warpgroup (chunk_delta_dh_mosaic(w_from_t0=True), kernel
+# gdn_chunk_delta_dh_fold_t0), so the forward runs the plain T0 kernel and writes no W. "t0"
+# takes effect only where it saves that write: dv_local="fold", a fused T0 forward on whole
+# rows (fused_t0_pieces(...) == 1: the pieces' maps need W, which the T0 kernel then forms
+# anyway); elsewhere the stored W runs. "stored" until a GPU timing.
+DH_WS = ("stored", "t0")
+DEFAULT_DH_W = "stored"
 
 # The fused T0 forwards (forward="fused_t0" / "fused_t0_split") run one CTA per (b, h, 64 value
 # columns) over the whole row, with no sequence pieces: at B 1, T 32768, H 16, V 128 that is 32
@@ -183,6 +199,7 @@ def gated_delta_rule_mosaic(
     return_residual: bool = False,
     backward: str = DEFAULT_BACKWARD,
     dv_local: str = DEFAULT_DV_LOCAL,
+    dh_w: str = DEFAULT_DH_W,
 ) -> Union[Tuple[jax.Array, Optional[jax.Array]],
            Tuple[jax.Array, Optional[jax.Array], jax.Array]]:
     """Differentiable Gated DeltaNet (``g``) or DeltaNet (``g=None``) on Mosaic GPU kernels.
@@ -262,6 +279,15 @@ def gated_delta_rule_mosaic(
             roundings either way; every option above (GVA, documents, ``initial_state``,
             ``output_final_state``, ``return_residual``, sequence pieces, every ``forward`` and
             ``backward``) is supported with both.
+        dh_w: where the reverse state pass gets ``W`` (static, one of :data:`DH_WS`):
+            ``"stored"`` (default), the forward's residual; ``"t0"``, the folded pass forms
+            ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j`` per chunk from the ``T0`` residual
+            (``chunk_delta_dh_mosaic(w_from_t0=True)``, MOSAIC_GPU.md Sec. 51), so the
+            forward's ``T0`` kernel writes no ``W``. Takes effect with ``dv_local="fold"`` and a
+            fused ``T0`` forward on whole rows (see :data:`DH_WS`); elsewhere ``"stored"``
+            runs. ``W`` then comes from ``T0`` rounded to the input dtype rather than the fp32
+            ``T0`` (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`'s
+            ``W``).
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, u)`` with ``return_residual``: ``o`` and
@@ -273,7 +299,7 @@ def gated_delta_rule_mosaic(
     Raises:
         ValueError: on a ``beta`` that is not ``[B, T, H]``, an ``initial_state`` that is not
             ``[B, H, K, V]``, an unknown ``forward``,
-            ``backward`` or ``dv_local``, and as
+            ``backward``, ``dv_local`` or ``dh_w``, and as
             the kernels (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``).
     """
     batch, seq_len, _, dk = k.shape
@@ -292,13 +318,28 @@ def gated_delta_rule_mosaic(
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     if dv_local not in DV_LOCALS:
         raise ValueError(f"dv_local must be one of {DV_LOCALS}, got {dv_local!r}")
+    if dh_w not in DH_WS:
+        raise ValueError(f"dh_w must be one of {DH_WS}, got {dh_w!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
     forward = resolve_forward(forward, batch, heads, v.shape[3], seq_len)  # S2: Sec. 36
+    dh_w = resolve_dh_w(dh_w, forward, dv_local, batch, heads, v.shape[3], seq_len)
     out = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
                       bool(output_final_state), forward, interpret, bool(return_residual),
-                      backward, dv_local)
+                      backward, dv_local, dh_w)
     final_state = out[1] if output_final_state else None
     return (out[0], final_state) + tuple(out[2:])
+
+
+def resolve_dh_w(dh_w: str, forward: str, dv_local: str, batch: int, heads: int, dv: int,
+                 seq_len: int) -> str:
+    """The ``dh_w`` that :func:`gated_delta_rule_mosaic` runs (``forward`` already resolved by
+    :func:`resolve_forward`): ``"t0"`` only with ``dv_local="fold"`` and a fused ``T0`` forward
+    on whole rows (:func:`fused_t0_pieces` is 1), where it saves the ``T0`` kernel's ``W``
+    write; else ``"stored"`` (:data:`DH_WS`)."""
+    if (dh_w == "t0" and dv_local == "fold" and forward in ("fused_t0", "fused_t0_split")
+            and fused_t0_pieces(forward, batch, heads, dv, seq_len) == 1):
+        return "t0"
+    return "stored"
 
 
 def _shared(g, v, segment_ids):
@@ -313,7 +354,7 @@ def _shared(g, v, segment_ids):
 
 
 def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
-             residuals=True, gc=None, docs=None, want_v_new=False):
+             residuals=True, gc=None, docs=None, want_v_new=False, want_w=True):
     """``(o, final_state)`` and the residuals ``(w, h, v_new, maps, t0)`` of the forward
     stages (``t0``: the ``fused_t0`` forwards' ``T0`` under differentiation, else ``None``).
 
@@ -324,7 +365,9 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     ``want_v_new``), ``"fused_t0"`` ``None`` for ``w`` (whole rows, not differentiated).
     ``gc``, ``docs``: :func:`_shared`, passed to the three-pass kernels,
     ``chunk_wy_mosaic`` and the fused ``T0`` forwards' two kernels (not to ``"fused"`` /
-    ``"fused_split"``'s fused kernel)."""
+    ``"fused_split"``'s fused kernel). ``want_w=False`` (``dh_w="t0"``): the fused ``T0``
+    forwards on whole rows run the plain ``T0`` kernel and give ``None`` for ``w`` (the
+    backward forms it from ``t0``); the other paths form ``W`` anyway and ignore it."""
     store_v_new = residuals or want_v_new
     batch, seq_len, heads, dv = v.shape
     pieces = fused_t0_pieces(forward, batch, heads, dv, seq_len)
@@ -342,10 +385,12 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     if forward in ("fused_t0", "fused_t0_split"):
         # Under differentiation the T0 kernel also forms the backward's W (from its fp32 T0,
         # MOSAIC_GPU.md Sec. 36; it was an fp32 XLA product, ~0.65 ms of glue at S1 on an H100).
+        # With want_w=False (dh_w="t0", MOSAIC_GPU.md Sec. 51) the reverse pass forms W itself.
+        form_w = residuals and want_w
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
-                                          return_w=residuals, g=g, gate_cumsum=gc, doc_vecs=docs,
+                                          return_w=form_w, g=g, gate_cumsum=gc, doc_vecs=docs,
                                           **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
-        t0, w = t0 if residuals else (t0, None)
+        t0, w = t0 if form_w else (t0, None)
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=store_v_new, store_h=residuals,
@@ -411,11 +456,11 @@ def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces
     return o, final_state, v_new, h, maps
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13, 14))
 def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                forward, interpret, return_residual, backward, dv_local):
+                forward, interpret, return_residual, backward, dv_local, dh_w):
     """``(o, final_state)``, plus ``u`` (``v_new``) with ``return_residual``."""
-    del output_final_state, backward, dv_local
+    del output_final_state, backward, dv_local, dh_w
     gc, docs = _shared(g, v, segment_ids)
     out, (_, _, v_new, _, _) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
                                         forward, interpret, residuals=False, gc=gc, docs=docs,
@@ -424,18 +469,20 @@ def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_fina
 
 
 def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                    forward, interpret, return_residual, backward, dv_local):
-    del output_final_state, dv_local
+                    forward, interpret, return_residual, backward, dv_local, dh_w):
+    del output_final_state, dv_local  # dh_w is already resolved (resolve_dh_w)
     gc, docs = _shared(g, v, segment_ids)
     out, (w, h, v_new, maps, t0) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
-                                            forward, interpret, gc=gc, docs=docs)
+                                            forward, interpret, gc=gc, docs=docs,
+                                            want_w=dh_w != "t0")
     out = out + ((v_new,) if return_residual else ())
-    t0 = t0 if backward != "split" else None  # kept only for the fused backwards
+    # kept for the fused backwards, and for the reverse pass when it forms W (w is None)
+    t0 = t0 if backward != "split" or w is None else None
     return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps, t0)
 
 
 def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residual, backward,
-                    dv_local, residuals, cotangents):
+                    dv_local, dh_w, residuals, cotangents):
     del forward  # the backward is the same for every forward (T0 aside)
     q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps, t0 = residuals
     do, dht = cotangents[:2]
@@ -451,10 +498,13 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
     dvl = None if fold else kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale,
                                                        residual_grad=du, interpret=interpret,
                                                        **shared)
-    dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+    w_t0 = w is None  # dh_w="t0": the folded pass forms W from T0 (MOSAIC_GPU.md Sec. 51)
+    assert not w_t0 or (dh_w == "t0" and fold and t0 is not None), (dh_w, dv_local)
+    dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, t0 if w_t0 else w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, states_dtype=v.dtype,
                                              piece_maps=maps, fold_dv_local=fold,
                                              residual_grad=du if fold else None,
+                                             w_from_t0=w_t0, beta=beta if w_t0 else None,
                                              interpret=interpret, **shared)
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
     if backward in ("fused", "fused_ws"):  # stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31)

@@ -575,6 +575,14 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
         with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], passes=["fwdbwd"],
                                  mosaic_backward=["fused_ws", "fused_ws+fold", "split+fold"]):
             bench_kernels._check_mosaic_backward()
+        # "+t0w" (dh_w="t0", MOSAIC_GPU.md Sec. 51) only after "+fold"
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], passes=["fwdbwd"],
+                                 mosaic_backward=["fused_ws+fold", "fused_ws+fold+t0w"]):
+            bench_kernels._check_mosaic_backward()
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], passes=["fwdbwd"],
+                                 mosaic_backward=["fused_ws+t0w"]):
+            with self.assertRaises(app.UsageError):
+                bench_kernels._check_mosaic_backward()
 
     def test_variants_and_the_op_call(self):
         from absl.testing import flagsaver
@@ -591,20 +599,23 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
         calls = []
 
         def fake(*args, **kwargs):
-            calls.append((kwargs.get("backward"), kwargs.get("dv_local")))
+            calls.append((kwargs.get("backward"), kwargs.get("dv_local"))
+                         + ((kwargs["dh_w"],) if "dh_w" in kwargs else ()))
             return (args[0],)
 
         with absltest.mock.patch.object(mosaic_vjp, "gated_delta_rule_mosaic", fake):
             fn = bench_kernels._jax_fn("gdn", "mosaic", None)
             try:
-                for value in ("fused", "fused_ws+fold", None):
+                for value in ("fused", "fused_ws+fold", None, "split+fold+t0w"):
                     bench_kernels._set_mosaic_backward(value)
                     fn(np.zeros((1, 64, 1, 64)), None, None, g=None, beta=None)
             finally:
                 bench_kernels._set_mosaic_backward(None)
         # A plain value names "separate" (the op's default is "fold" since MOSAIC_GPU.md Sec. 32.2);
         # no value passes neither, so the op's defaults run.
-        self.assertEqual(calls, [("fused", "separate"), ("fused_ws", "fold"), (None, None)])
+        self.assertEqual(calls, [("fused", "separate"), ("fused_ws", "fold"), (None, None),
+                                 ("split", "fold", "t0")])
+        self.assertEqual(bench_kernels.mosaic_backward_base("fused_ws+fold+t0w"), "fused_ws")
         self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "fold")
 
     def test_backward_table(self):

@@ -17,6 +17,12 @@ The interpreter's race detection is on (``mosaic_gpu_lib.interpret_params``); a 
 reports fails the test. ``LoweringTest`` (CI) exports the folded kernel for CUDA (one and three
 launches, the latter the sequence pieces); ``ValidationTest`` (CI) the option's errors;
 ``GpuTest`` (marked ``gpu``) runs the compiled kernel on a Hopper GPU.
+
+``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51: the pass forms ``W`` from ``T0`` in the same
+warpgroup) is checked against the stored-``W`` fold with :func:`kgd.w_from_t0`'s ``W`` from the
+same rounded ``T0`` (relative RMS < 1e-3: the two ``W`` differ in the last bit of some entries)
+and against autodiff (5e-3): ``WFromT0FastInterpretTest`` (CI, one small case, about 7 s),
+``WFromT0InterpretTest`` (``slow``), ``LoweringTest`` and ``ValidationTest`` (CI), ``GpuTest``.
 """
 
 import contextlib
@@ -154,6 +160,110 @@ class GpuTest(kmg_test.HopperTestCase):
         _check(self, (1, 4096, 2, 1, 128, 128, 0.05, True, (1000, 1500), True), False, seed=6,
                states_dtype=jnp.bfloat16, pieces=4)
 
+    @parameterized.named_parameters(
+        ("gva_dht_packed_du_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999), True),
+        ("strong_decay_dht_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None,
+         False),
+        ("deltanet_packed_T1024_K128_V64", 1, 1024, 2, 2, 128, 64, None, False, (300, 200),
+         False),
+    )
+    def test_w_from_t0_matches_stored_w_and_autodiff(self, *case):
+        """``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51) compiled: ``W`` formed by ``wgmma`` in
+        the third warpgroup and handed over on ``w_ready``."""
+        _check_t0(self, case, False, seed=5, states_dtype=jnp.bfloat16)
+
+    def test_w_from_t0_sequence_pieces(self):
+        case = (1, 4096, 2, 1, 128, 128, 0.05, True, (1000, 1500), True)
+        (q, k, t0, w, do, g, beta, state_grad, seg, du), scale, _ = _t0_inputs(*case, seed=6)
+        maps = kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=4, segment_ids=seg)
+        _check_t0(self, case, False, seed=6, states_dtype=jnp.bfloat16, pieces=4,
+                  piece_maps=maps)
+
+
+def _t0_inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, dht, docs, du, seed=0):
+    """As :func:`_inputs` with ``w_from_t0`` (MOSAIC_GPU.md Sec. 51): bf16 ``q, k, t0, do``,
+    fp32 ``g``, ``beta``, ``dht``, ``segment_ids``, ``du`` (or ``None``), the stored ``W`` the
+    op's forward would give from the same ``T0`` (:func:`kgd.w_from_t0`, fp32 XLA from the
+    rounded ``T0``, rounded once: the ``W`` the pass forms), ``scale`` and the fp32
+    reference ``(dh, dv_new, dh0)`` with that ``W``."""
+    q, k, v, g, beta, _, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                decay=decay, h0=False, docs=docs, seed=seed)
+    t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)  # the residual T0
+    w = kgd.w_from_t0(k, t0, g, beta, segment_ids=seg)
+    key = jax.random.split(jax.random.key(seed + 7), 3)
+    do = jax.random.normal(key[0], v.shape).astype(v.dtype)
+    state_grad = (jax.random.normal(key[1], (batch, heads, dk, dv), jnp.float32) if dht
+                  else None)
+    res = jax.random.normal(key[2], v.shape).astype(v.dtype) if du else None
+    scale = dk ** -0.5
+    qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
+    want = _reference(qf, kf, w.astype(jnp.float32), g, seg, do.astype(jnp.float32),
+                      state_grad, scale, res)
+    return (q, k, t0, w, do, g, beta, state_grad, seg, res), scale, want
+
+
+def _check_t0(test, case, interpret, seed=0, **options):
+    """``w_from_t0=True`` against the stored-``W`` fold and against autodiff (5e-3). The stored
+    ``W`` is :func:`kgd.w_from_t0`'s (fp32 XLA from the same rounded ``T0``); the pass's ``W``
+    differs from it only in the last bit of some entries (the ``hi + lo`` split keeps
+    ``T0_ij beta_j conn_j`` to about 16 bits, as the ``T0`` kernel's ``W``, then one rounding),
+    so the outputs agree to relative RMS < 1e-3 (interpreted: at most 4.9e-4; the autodiff
+    errors of both about 2e-3)."""
+    (q, k, t0, w, do, g, beta, state_grad, seg, du), scale, want = _t0_inputs(*case,
+                                                                              seed=seed)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
+        got = jax.block_until_ready(
+            _fold(q, k, t0, do, g, state_grad, seg, du, scale=scale, interpret=interpret,
+                  w_from_t0=True, beta=beta, **options))
+    test.assertNotIn("RACE DETECTED", log.getvalue(), log.getvalue()[:600])
+    stored = _fold(q, k, w, do, g, state_grad, seg, du, scale=scale, interpret=interpret,
+                   **options)
+    for name, x, s, y in zip(("dh", "dv_new", "dh0"), got, stored, want):
+        test.assertEqual((x.shape, x.dtype), (s.shape, s.dtype), msg=name)
+        err = tolerances.rel_err(x.astype(jnp.float32), s.astype(jnp.float32))
+        print(f"w_from_t0 {name}: vs stored W {err:.2e}", end="")
+        test.assertLess(err, 1e-3, msg=f"{name} vs stored W: relative RMS error {err:.2e}")
+        err = tolerances.rel_err(x, y)
+        print(f", vs autodiff {err:.2e}")
+        test.assertLess(err, 5e-3, msg=f"{name} vs autodiff: relative RMS error {err:.2e}")
+
+
+class WFromT0FastInterpretTest(absltest.TestCase):
+    """One small interpreted case of ``w_from_t0`` (two launches, a few seconds), in CI."""
+
+    def test_w_from_t0_matches_stored_w(self):
+        _check_t0(self, _CASES[0][1:], True, states_dtype=jnp.bfloat16)
+
+
+# B, T, H, Hk, K, V, decay, dht, documents, du: the fold cases plus GVA at K = 128
+_T0_CASES = _CASES[1:] + (
+    ("gva_dht_packed_du_T192_K128_V128", 1, 192, 2, 1, 128, 128, 0.1, True, (70, 30), True),
+)
+
+
+# Slow (out of CI), as FoldInterpretTest.
+@pytest.mark.slow
+class WFromT0InterpretTest(parameterized.TestCase):
+    """``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51): the pass forms ``W`` from ``T0``."""
+
+    @parameterized.named_parameters(*_T0_CASES)
+    def test_w_from_t0_matches_stored_w_and_autodiff(self, *case):
+        _check_t0(self, case, True, states_dtype=jnp.bfloat16)
+
+    def test_fp32_states(self):
+        _check_t0(self, _CASES[1][1:], True, states_dtype=jnp.float32)
+
+    def test_sequence_pieces(self):
+        # P = 2 over 8 chunks, documents crossing the piece edge: both launches form W
+        case = (1, 512, 2, 1, 64, 64, 0.05, True, (100, 156, 150), True)
+        (q, k, t0, w, do, g, beta, state_grad, seg, du), scale, _ = _t0_inputs(*case, seed=4)
+        maps = kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=2, segment_ids=seg,
+                                                 interpret=True)
+        _check_t0(self, case, True, seed=4, states_dtype=jnp.bfloat16, pieces=2,
+                  piece_maps=maps)
+
 
 def _check_exports(test, dk, dv, gated, du, pieces=1):
     args, scale, _ = _inputs(1, 64 * 8, 2, 1, dk, dv, 0.2 if gated else None, True, (70, 30),
@@ -188,6 +298,32 @@ class LoweringTest(parameterized.TestCase):
     def test_fold_pieces_export_for_cuda(self):
         _check_exports(self, 64, 128, True, True, pieces=2)
 
+    @parameterized.named_parameters(
+        ("dk128_dv128_gated_du", 128, 128, 0.2, True, 1),
+        ("dk64_dv64_deltanet", 64, 64, None, False, 1),
+        ("dk64_dv128_gated_du_pieces", 64, 128, 0.2, True, 2),
+    )
+    def test_w_from_t0_exports_for_cuda(self, dk, dv, decay, du, pieces):
+        """``w_from_t0=True`` (MOSAIC_GPU.md Sec. 51): ``gdn_chunk_delta_dh_fold_t0`` (and its
+        ``_pieces`` launch with the forward's maps given: two launches)."""
+        (q, k, t0, w, do, g, beta, state_grad, seg, res), scale, _ = _t0_inputs(
+            1, 64 * 8, 2, 1, dk, dv, decay, True, (70, 30), du)
+        maps = (jnp.zeros((1, pieces, 2, dk, dk), jnp.float32) if pieces > 1 else None)
+
+        def fn(q, k, t0, do, g, beta, state_grad, seg, res):
+            return kgd.chunk_delta_dh_mosaic(q, k, t0, do, None, g, scale=scale,
+                                             final_state_grad=state_grad, segment_ids=seg,
+                                             states_dtype=q.dtype, fold_dv_local=True,
+                                             residual_grad=res, w_from_t0=True, beta=beta,
+                                             pieces=pieces, piece_maps=maps)
+
+        text = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+            q, k, t0, do, g, beta, state_grad, seg, res).mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), pieces)
+        self.assertIn("gdn_chunk_delta_dh_fold_t0\\00", text)
+        if pieces > 1:
+            self.assertIn("gdn_chunk_delta_dh_fold_t0_pieces\\00", text)
+
 
 class ValidationTest(absltest.TestCase):
 
@@ -205,6 +341,24 @@ class ValidationTest(absltest.TestCase):
             run(None, g, fold_dv_local=True, residual_grad=du.astype(jnp.float32))
         with self.assertRaisesRegex(ValueError, "residual_grad must have do's shape"):
             run(None, g, fold_dv_local=True, residual_grad=du[:, :32])
+
+    def test_rejects_bad_w_from_t0_options(self):
+        # K = 128 (W [B, T, H, 128] is not T0's shape), two chunks (P = 2 possible)
+        (q, k, t0, w, do, g, beta, _, _, _), scale, _ = _t0_inputs(1, 128, 2, 1, 128, 64, 0.1,
+                                                                   False, None, False)
+        run = functools.partial(kgd.chunk_delta_dh_mosaic, q, k, scale=scale)
+        with self.assertRaisesRegex(ValueError, "needs fold_dv_local=True"):
+            run(t0, do, do, g, w_from_t0=True, beta=beta)
+        with self.assertRaisesRegex(ValueError, "needs beta"):
+            run(t0, do, None, g, fold_dv_local=True, w_from_t0=True)
+        with self.assertRaisesRegex(ValueError, "needs beta"):
+            run(t0, do, None, g, fold_dv_local=True, w_from_t0=True, beta=beta[:, :, :1])
+        with self.assertRaisesRegex(ValueError, "beta is read only with w_from_t0"):
+            run(w, do, None, g, fold_dv_local=True, beta=beta)
+        with self.assertRaisesRegex(ValueError, r"w must be \[B, T, H, T0"):
+            run(w, do, None, g, fold_dv_local=True, w_from_t0=True, beta=beta)
+        with self.assertRaisesRegex(ValueError, "needs piece_maps"):
+            run(t0, do, None, g, fold_dv_local=True, w_from_t0=True, beta=beta, pieces=2)
 
 
 if __name__ == "__main__":

@@ -167,6 +167,56 @@ class FoldDvLocalInterpretTest(parameterized.TestCase):
                                     backward="fused_ws")
 
 
+def _check_dh_w_t0(test, case_args, interpret, **options):
+    """``dh_w="t0"`` (MOSAIC_GPU.md Sec. 51: the reverse pass forms ``W`` from ``T0``) with
+    ``forward="fused_t0"`` on whole rows, against the fp32 chunked vjp (:func:`_check`'s gates)
+    and against ``dh_w="stored"``: ``o`` and the final state equal (the forward is the same
+    but for the ``T0`` kernel's ``W``), the gradients within 3e-3 relative RMS (``W`` from
+    ``T0`` rounded to bf16 rather than the fp32 ``T0``: one more rounding of ``T0`` in ``W``)."""
+    q, k, v, g, beta, state, seg, do, dht, scale = case_args
+    batch, seq_len, heads, dv = v.shape
+    options = dict(options, forward="fused_t0")
+    with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
+        test.assertEqual(mosaic_vjp.resolve_dh_w("t0", "fused_t0", "fold", batch, heads, dv,
+                                                 seq_len), "t0")
+        o_t, s_t, got = _op_grads(*case_args, interpret, dh_w="t0", **options)
+        o_s, s_s, stored = _op_grads(*case_args, interpret, dh_w="stored", **options)
+    want = bwd_test._chunked_grads(*case_args)
+    for name, x, y in (("o", o_t, o_s), ("final_state", s_t, s_s)):
+        err = tolerances.rel_err(x.astype(jnp.float32), y.astype(jnp.float32))
+        test.assertLess(err, 1e-6, msg=f"{name}: t0 vs stored, relative RMS {err:.2e}")
+    for name, x, y, z, inp in zip(_NAMES, got, want, stored, (q, k, v, g, beta, state)):
+        if inp is None:
+            test.assertIsNone(x, msg=name)
+            continue
+        test.assertEqual((x.shape, x.dtype), (inp.shape, inp.dtype), msg=name)
+        err = tolerances.rel_err(x.astype(jnp.float32), y)
+        err_s = tolerances.rel_err(z.astype(jnp.float32), y)
+        diff = tolerances.rel_err(x.astype(jnp.float32), z.astype(jnp.float32))
+        print(f"dh_w=t0 {name}: vs chunked {err:.2e} (stored {err_s:.2e}), vs stored {diff:.2e}")
+        test.assertLess(err, 1e-2 if name in ("dg", "dbeta") else 5e-3,
+                        msg=f"{name}: relative RMS error {err:.2e}")
+        test.assertLess(diff, 3e-3, msg=f"{name}: t0 vs stored, relative RMS {diff:.2e}")
+
+
+# B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths, backward
+_DH_W_CASES = (
+    ("gva_h0_dht_packed_partial_T150_K64_V64_fused_ws", 1, 150, 2, 1, 64, 64, 0.05, True,
+     True, (64, 36, 30), "fused_ws"),
+    ("deltanet_dht_T128_K64_V64_split", 1, 128, 1, 1, 64, 64, None, False, True, None,
+     "split"),
+)
+
+
+# Slow (out of CI), as FoldDvLocalInterpretTest: dh_w="t0" (MOSAIC_GPU.md Sec. 51).
+@pytest.mark.slow
+class DhWT0InterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_DH_W_CASES)
+    def test_dh_w_t0_matches_chunked_vjp_and_stored(self, *case):
+        _check_dh_w_t0(self, bwd_test._pipeline_inputs(*case[:-1]), True, backward=case[-1])
+
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernels (wgmma, TMA) under ``jax.vjp`` against the fp32 autodiff
@@ -263,6 +313,48 @@ class GpuTest(kmg_test.HopperTestCase):
         _check(self, args, False, backward=case[-1], dv_local="fold")
         _check_fold_equals_separate(self, args, False, backward=case[-1])
 
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128_fused_ws", 1, 2048, 4, 2, 128, 128, 0.05, True,
+         True, (700, 1, 64, 999), "fused_ws"),
+        ("deltanet_partial_T1000_K64_V64_split", 2, 1000, 2, 2, 64, 64, None, False, True, None,
+         "split"),
+    )
+    def test_dh_w_t0_matches_chunked_vjp_and_stored(self, *case):
+        """``dh_w="t0"`` (MOSAIC_GPU.md Sec. 51) with ``forward="fused_t0"`` on whole rows (the
+        fallback off): against the fp32 reference and ``dh_w="stored"``."""
+        _check_dh_w_t0(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False,
+                       backward=case[-1])
+
+
+def _check_dh_w_t0_exports(test, dk, dv, deltanet, backward="fused_ws"):
+    """``jax.grad`` through the op with ``forward="fused_t0"``, ``dh_w="t0"`` exports four
+    kernels: the plain ``T0`` kernel (no ``_w``: no ``W`` written), the fused forward, the
+    reverse pass forming ``W`` (``gdn_chunk_delta_dh_fold_t0``) and the fused backward; no
+    XLA ``dot_general``."""
+    q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
+        1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
+
+    def loss(q, k, v, g, beta, h0, seg):
+        o, final = mosaic_vjp.gated_delta_rule_mosaic(
+            q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
+            output_final_state=True, forward="fused_t0", backward=backward, dh_w="t0")
+        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
+
+    argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
+    with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):  # whole rows
+        fn = jax.jit(jax.grad(loss, argnums=argnums))
+        exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
+    text = exported.mlir_module()
+    calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+    test.assertEqual(len(calls), 4)  # len: a failing list would print whole kernels
+    for name in ("gdn_chunk_kkt_inverse_subst_split\\00", "gdn_chunk_delta_fused_t0_fwd",
+                 "gdn_chunk_delta_dh_fold_t0\\00", "gdn_chunk_bwd_fused_ws\\00"):
+        test.assertEqual(sum(name in c for c in calls), 1, msg=name)
+    test.assertNotIn("gdn_chunk_kkt_inverse_subst_split_w", text)  # no W write
+    test.assertNotIn("dot_general", text)
+    want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
+    test.assertEqual([a.shape for a in exported.out_avals], want)
+
 
 def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split", dv_local="separate"):
     # The three-pass forward, named (the op's default is "fused_t0" since MOSAIC_GPU.md Sec.
@@ -331,6 +423,12 @@ class LoweringTest(parameterized.TestCase):
                             dv_local="fold")
         _check_grad_exports(self, dk=64, dv=64, deltanet=True, gva=False, dv_local="fold")
 
+    def test_dh_w_t0_grad_exports_for_cuda(self):
+        """``dh_w="t0"`` (MOSAIC_GPU.md Sec. 51): the ``T0`` kernel writes no ``W``; K = V = 128
+        gated, K = V = 64 DeltaNet."""
+        _check_dh_w_t0_exports(self, dk=128, dv=128, deltanet=False)
+        _check_dh_w_t0_exports(self, dk=64, dv=64, deltanet=True)
+
 
 # Slow (out of CI): the other K, V, gate and GVA combinations of LoweringTest (1.9 to 2.4 s
 # each, about 30 s for the 14: seven kernels each). The mark is on the class: absl's
@@ -370,6 +468,18 @@ class ValidationTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "dv_local must be one of"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dv_local="folded")
         self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "fold")  # MOSAIC_GPU.md Sec. 32.2
+        with self.assertRaisesRegex(ValueError, "dh_w must be one of"):
+            mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dh_w="w")
+        self.assertEqual(mosaic_vjp.DEFAULT_DH_W, "stored")  # MOSAIC_GPU.md Sec. 51
+        # "t0" only with the fold and a fused T0 forward on whole rows (B 8, T 4096, H 16: S1)
+        resolve = mosaic_vjp.resolve_dh_w
+        self.assertEqual(resolve("t0", "fused_t0", "fold", 8, 16, 128, 4096), "t0")
+        self.assertEqual(resolve("t0", "fused_t0_split", "fold", 8, 16, 128, 4096), "t0")
+        self.assertEqual(resolve("t0", "fused_t0", "separate", 8, 16, 128, 4096), "stored")
+        self.assertEqual(resolve("t0", "three_pass", "fold", 8, 16, 128, 4096), "stored")
+        self.assertEqual(resolve("stored", "fused_t0", "fold", 8, 16, 128, 4096), "stored")
+        if mosaic_vjp.FUSED_T0_FALLBACK and mosaic_vjp.FUSED_T0_PIECES:  # S2: pieces
+            self.assertEqual(resolve("t0", "fused_t0", "fold", 1, 16, 128, 32768), "stored")
         self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "fused_ws")  # MOSAIC_GPU.md Sec. 31.8
         self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_t0")  # MOSAIC_GPU.md Sec. 38.1
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
