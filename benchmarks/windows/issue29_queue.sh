@@ -81,6 +81,7 @@
 #               never timed) as peer mosaic beside ours (two_pass) and jla, S1, S2, P1, fwd and
 #               fwd+bwd (decision rule in Sec. 50)
 #   lgt_ftests 200  the fused forward's gpu tests (kernel_mosaic_gpu_fused_test.py, never run)
+#   mix 470     for a short budget: lgt_fused at S1 and P1 only, then dhw's bench (S1, no tests)
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -125,7 +126,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
-  lgt_ftests) echo 200;; dhw) echo 330;;
+  lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -599,6 +600,25 @@ run_dhw() {  # Sec. 51: dh_w="t0" (+fold+t0w) against the stored W (+fold), one 
     $T/kernel_mosaic_gdn_vjp_test.py > $O/dhw/tests.log 2>&1
   echo "gpu tests rc=$? t=$((SECONDS-s))s"
   grep -a -E 'vs stored|passed|failed|FAILED|Error' $O/dhw/tests.log | cut -c1-200 | tail -40
+}
+run_mix() {  # for a short budget: Lightning's fused forward (Sec. 50) at S1 and P1 beside the
+  # two-pass op and jla, then dhw's bench (Sec. 51, S1) without its gpu tests
+  mkdir -p $O/mix; local s=$SECONDS sh
+  for sh in S1 P1; do
+    timeout 150 python3 benchmarks/bench_kernels.py --ops=lightning --peers=ours,mosaic,jla \
+      --mosaic_forward=fused --passes=fwdbwd,fwd --shapes=$sh --breakdown_top=16 --iters=30 \
+      --warmup=5 --out=$O/mix/lgt_$sh > $O/mix/lgt_$sh.log 2>&1
+    echo "lightning $sh rc=$? t=$((SECONDS-s))s"
+  done
+  grep -a -h '^gate' $O/mix/lgt_*.log | sort -u | cut -c1-300
+  tab_show $O/mix/lgt_*.jsonl
+  python3 benchmarks/acceptance.py --ours=mosaic $O/mix/lgt_*.jsonl
+  timeout 160 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla --passes=fwdbwd \
+    --shapes=S1 --mosaic_backward=fused_ws+fold,fused_ws+fold+t0w --breakdown_top=16 \
+    --iters=30 --warmup=5 --out=$O/mix/dhw > $O/mix/dhw.log 2>&1
+  echo "dhw bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/mix/dhw.log | cut -c1-300
+  gdn_show $O/mix/dhw.log
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 
