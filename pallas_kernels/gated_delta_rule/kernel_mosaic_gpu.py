@@ -108,7 +108,8 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
                         zero_u: bool, interpret: bool, skip: bool = False):
     """Kernel body of :func:`chunk_delta_h_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] [cut_ref,] [h_ref, vn_ref,] ht_ref`` then the scratch (``h``, ``v_new`` only
+    ``rest`` = ``[h0_ref,] [cut_ref,] [h_ref, vn_ref,] ht_ref`` then the scratch (``h``,
+    ``v_new`` only
     with ``store``). With ``share_operand`` (``h`` stored in the input dtype) the staging tile
     of ``h`` is also the ``wgmma`` operand ``S`` of ``W S``; otherwise ``S`` gets its own 16-bit
     tile. With ``pieces = P > 1`` the inputs are ``P`` pieces of ``num_chunks`` chunks per row

@@ -847,7 +847,8 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                      pieces: int = 1, summary: bool = False, piece_skip: bool = False):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] [start_ref,] [o_ref,] ht_ref, [vn_ref,] [h_ref,]`` then the scratch (no ``o_ref``
+    ``rest`` = ``[h0_ref,] [start_ref,] [o_ref,] ht_ref, [vn_ref,] [h_ref,]`` then the
+    scratch (no ``o_ref``
     with ``summary``: the state chain alone, only the final state stored, for a sequence
     piece's pass from zero). With ``pieces = P > 1`` the grid's rows are ``P`` pieces of
     ``num_chunks`` chunks per batch row and ``h`` is stored at the batch row ``b // P`` and
