@@ -340,7 +340,7 @@ def split_head_major(x, pieces):
     return x.reshape(b * pieces, hh, tp // pieces)
 
 
-def piece_cuts(conn, pieces):
+def piece_cuts(conn, pieces, *, first: bool = False):
     """int32 ``[B * P]``: per sequence piece (pieces as rows, as :func:`split_rows` cuts
     them), the piece-local index of its last chunk in which a document starts, or ``-1``.
 
@@ -348,10 +348,16 @@ def piece_cuts(conn, pieces):
     holds a document start where ``keep_c = conn`` of its last token is 0 (the state entering
     it does not reach its exit, the state passes' ``s_decay`` factor; a start on the chunk's
     first token counts). For piece ``p`` with cut ``c >= 0`` the state map ``M_p`` is zero and
-    the exit state from zero depends only on chunks ``c ..`` (MOSAIC_GPU.md Sec. 52)."""
+    the exit state from zero depends only on chunks ``c ..`` (MOSAIC_GPU.md Sec. 52).
+    ``first``: the piece's first such chunk instead (or ``-1``); the reverse pass from a zero
+    exit gradient reaches the piece's entry only through chunks ``.. c``."""
     rows, padded = conn.shape
     keep = conn.reshape(rows * pieces, padded // (pieces * CHUNK), CHUNK)[:, :, -1]
     idx = lax.broadcasted_iota(jnp.int32, keep.shape, 1)
+    if first:
+        big = keep.shape[1]
+        f = jnp.min(jnp.where(keep == 0, idx, big), axis=1)
+        return jnp.where(f == big, -1, f).astype(jnp.int32)
     return jnp.max(jnp.where(keep == 0, idx, -1), axis=1).astype(jnp.int32)
 
 

@@ -1823,7 +1823,8 @@ def gated_delta_rule_fwd_mosaic(
 
 def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, group: int,
                          scale: float, has_dht: bool, fp32_states: bool, pieces: int, store: bool,
-                         fold: bool, has_du: bool, interpret: bool, w_t0: bool = False):
+                         fold: bool, has_du: bool, interpret: bool, w_t0: bool = False,
+                         skip: bool = False):
     """Kernel body of :func:`chunk_delta_dh_mosaic`; refs are GMEM.
 
     ``rest`` = ``[dvl_ref,] g_ref, last_ref, conn_ref, [doc_ref,] [dht_ref,] [dh_ref,
@@ -1851,6 +1852,11 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
     ``w_s`` slot and arrives on ``w_ready[slot]``; the state warpgroup waits there before its
     ``W^T dv_new`` product. The slot is rewritten only after both warpgroups released the
     stage (as ``dvl_s``).
+
+    ``skip`` (MOSAIC_GPU.md Sec. 52): ``lo_ref`` int32 ``[B * P]`` follows the inputs; row
+    ``b`` loads and runs only its steps ``lo[b] ..`` (chunks ``N - 1 - lo[b]`` down to 0) from
+    its exit gradient (with ``store=False``, a piece's ``Y_p`` from zero: nothing leaving the
+    chunk of its first document start reaches its entry).
     """
     rest = list(rest)
     dvl_ref = rest.pop(0) if (has_du or not fold) else None
@@ -1858,6 +1864,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
     bc_ref = rest.pop(0) if w_t0 else None
     doc_ref = rest.pop(0) if fold else None
     dht_ref = rest.pop(0) if has_dht else None
+    lo_ref = rest.pop(0) if skip else None
     dh_ref, dvn_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
     (dh0_ref, q_s, k_s, w_s, do_s, dvl_s, g_s, last_s, conn_s, dod_s, dvn_s,
      dvneg_s, state_s, ds_s, in_bar, in_free, io_bar, done, *extra) = rest
@@ -1875,6 +1882,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
     wg = lax.axis_index("wg")
     dk = q_s.shape[-1]
+    lo = 0 if lo_ref is None else lo_ref[b]  # skip: the first step (all warpgroups)
 
     @pl.when(wg == 1)
     def _memory():
@@ -1901,7 +1909,10 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
                 plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], docr_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], docc_s.at[slot], bar)
 
-        mgl.ring_producer(issue, num_chunks, in_free)
+        if lo_ref is None:
+            mgl.ring_producer(issue, num_chunks, in_free)
+        else:
+            mgl.ring_producer_from(issue, lo, num_chunks, in_free)
 
     if fold:
         @pl.when(wg == 2)
@@ -1933,7 +1944,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(w_ready.at[slot])
 
-            @pl.loop(0, num_chunks)
+            @pl.loop(lo, num_chunks)
             def _step(i):
                 slot = lax.rem(i, STAGES)
                 plgpu.barrier_wait(in_bar.at[slot])
@@ -2031,7 +2042,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
             plgpu.barrier_arrive(in_free.at[slot])
             return d * d_decay + upd
 
-        d = lax.fori_loop(0, num_chunks, step, d0)
+        d = lax.fori_loop(lo, num_chunks, step, d0)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         state_s[...] = d
         plgpu.commit_smem()
@@ -2049,7 +2060,7 @@ DH_FOLD_REGISTERS = (232, 40, 232)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "pieces", "fold_dv_local",
-                                             "w_from_t0", "interpret"))
+                                             "w_from_t0", "interpret", "piece_skip"))
 def chunk_delta_dh_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -2071,6 +2082,7 @@ def chunk_delta_dh_mosaic(
     w_from_t0: bool = False,
     beta: Optional[jax.Array] = None,
     interpret: bool = False,
+    piece_skip: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The reverse delta state pass: state gradients of every chunk, total ``dv_new``, ``dh0``.
 
@@ -2200,6 +2212,12 @@ def chunk_delta_dh_mosaic(
             (``P > 1``) also ``piece_maps`` (the maps would need ``W``).
         beta: write strengths ``[B, T, H]`` (read as fp32), only with ``w_from_t0``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+        piece_skip: static (MOSAIC_GPU.md Sec. 52); with sequence pieces and documents
+            (``segment_ids`` or ``doc_vecs``): the launch from a zero exit gradient (``Y_p``)
+            runs each piece's chunks from the one of its first document start down to its
+            first chunk only (kernel ``..._pieces_skip``; nothing leaving that chunk reaches
+            the piece's entry: ``A_c^T = 0`` there), and maps formed here skip as
+            :func:`chunk_delta_piece_maps_mosaic` does. Exact up to the sign of zeros.
 
     Returns:
         ``(dh, dv_new, dh0)``: ``dh`` ``[B, H, N, K, V]`` in ``states_dtype`` (the layout of
@@ -2290,12 +2308,19 @@ def chunk_delta_dh_mosaic(
         dvlp, docp = (None if x is None else mgl.split_rows(x, pieces) for x in (dvl_in, doc))
         gp = mgl.split_head_major(gc, pieces)
         bcp = None if bc is None else mgl.split_head_major(bc, pieces)
+        skip = piece_skip and (segment_ids is not None or doc_vecs is not None)
         if piece_maps is None:
             h_run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
                                       states_dtype=q.dtype, interpret=interpret)
-            piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces)
+            piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces,
+                                     mgl.piece_cuts(conn, pieces) if skip else None)
+        # skip: step N/P - 1 - f of a piece reads chunk f, its first document start (Sec. 52)
+        lo = None
+        if skip:
+            first = mgl.piece_cuts(conn, pieces, first=True)
+            lo = jnp.where(first >= 0, num_chunks // pieces - 1 - first, 0).astype(jnp.int32)
         (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp, None, store=False,
-                         bc=bcp)
+                         bc=bcp, **({} if lo is None else {"lo": lo}))
         exits = mgl.scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv),
                                     dht, reverse=True)
         dh, dvn, dh0s = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp,
@@ -2305,7 +2330,7 @@ def chunk_delta_dh_mosaic(
 
 
 def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scale, pieces,
-                   states_dtype, interpret, store=True, bc=None):
+                   states_dtype, interpret, store=True, bc=None, lo=None):
     """One launch of the reverse delta state pass over ``[B * P]`` rows (pieces as rows; see
     :func:`_delta_dstate_kernel`). ``doc`` (the document ids) given: the folded pass
     (``fold_dv_local``), with ``dvl_in`` the residual's cotangent or ``None``; else ``dvl_in``
@@ -2313,7 +2338,7 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
     ``w`` is ``T0`` ``[B * P, Tq, H, 64]`` and the pass forms ``W`` (``w_from_t0``). Returns
     ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K, V]`` in ``states_dtype``, ``dv_new``
     ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]`` fp32), or ``(dh0,)`` without
-    ``store``."""
+    ``store``. ``lo`` (int32 ``[B * P]``): each row's first step (``_skip`` kernel, Sec. 52)."""
     rows, tq, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
     num_chunks = tq // CHUNK
@@ -2325,7 +2350,8 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
     kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks, group=group,
                                scale=scale, has_dht=dht is not None, fp32_states=fp32_states,
                                pieces=pieces, store=store, fold=fold, has_du=has_du,
-                               interpret=interpret, w_t0=w_t0)
+                               interpret=interpret, w_t0=w_t0,
+                               **({} if lo is None else {"skip": True}))
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
     out_type = _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, do.dtype,
@@ -2373,9 +2399,10 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_delta_dh" + ("_fold" if fold else "") + ("_t0" if w_t0 else "")
-                     + ("" if store else "_pieces")),
+                     + ("" if store else "_pieces") + ("" if lo is None else "_skip")),
     )
     args = (q, k, w, do) + (() if dvl_in is None else (dvl_in,)) + (gc, last, conn)
     args += () if bc is None else (bc,)
     args += (() if doc is None else (doc,)) + (() if dht is None else (dht,))
+    args += () if lo is None else (lo,)
     return call(*args)

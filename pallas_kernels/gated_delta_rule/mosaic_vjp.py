@@ -151,8 +151,10 @@ FUSED_T0_PIECES = True
 # map M_p = 0 exactly (the maps launch writes the zeros without running its chain: kernel
 # gdn_chunk_delta_h_maps_skip), and its pass from zero X_p depends only on the chunks from the
 # one of its last document start (the summary launch starts there: ..._summary_skip). One int32
-# per piece (mosaic_gpu_lib.piece_cuts), formed in XLA from the document vectors. Without
-# documents nothing changes. Off until a GPU timing at P1 (Sec. 52's rule).
+# per piece (mosaic_gpu_lib.piece_cuts), formed in XLA from the document vectors. The backward
+# (any forward with pieces): the reverse pass from a zero exit gradient (Y_p) runs each piece
+# only from its first document start down (chunk_delta_dh_mosaic(piece_skip=True), kernel
+# ..._pieces_skip). Without documents nothing changes. Off until a GPU timing at P1 (Sec. 52).
 PIECE_SKIP = False
 
 # The forward of :func:`gated_delta_rule_mosaic` when none is named. "fused_t0" since
@@ -521,7 +523,9 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
                                              piece_maps=maps, fold_dv_local=fold,
                                              residual_grad=du if fold else None,
                                              w_from_t0=w_t0, beta=beta if w_t0 else None,
-                                             interpret=interpret, **shared)
+                                             interpret=interpret, **shared,
+                                             **({"piece_skip": True} if PIECE_SKIP
+                                                and seg is not None else {}))
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
     if backward in ("fused", "fused_ws"):  # stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31)
         if t0 is None:  # not kept by the forward: the T0 kernel again (0.09 ms at S1, H200)

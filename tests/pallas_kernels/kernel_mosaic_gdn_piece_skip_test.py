@@ -6,7 +6,9 @@ sequence pieces get one int32 per piece, the piece-local chunk of its last docum
 (``chunk_delta_piece_maps_mosaic(piece_skip=True)``, kernel ``gdn_chunk_delta_h_maps_skip``)
 writes ``M_p = 0`` for a cut piece without loading or running its chain; the summary launch
 (``chunk_delta_fused_t0_fwd_mosaic(summary=True, piece_cuts=...)``, kernel
-``..._summary_skip``) runs each piece's chain from zero from its cut chunk on.
+``..._summary_skip``) runs each piece's chain from zero from its cut chunk on. The backward:
+``chunk_delta_dh_mosaic(piece_skip=True)`` runs the launch from a zero exit gradient (``Y_p``,
+kernel ``..._pieces_skip``) from each piece's first document start down to its first chunk.
 
 * ``PieceCutsTest`` (CI): the cuts of hand-placed documents (starts on chunk edges, inside
   chunks, on a piece edge, in a piece's first or last chunk, none, two in one piece).
@@ -14,7 +16,8 @@ writes ``M_p = 0`` for a cut piece without loading or running its chain; the sum
   for bit (``==``, so up to the sign of zeros), to those without it, and the cut pieces' maps
   exactly zero; one small case in CI (a few seconds), the rest ``slow``, including
   :func:`mosaic_vjp._fused_t0_pieces` whole (``o``, the final state, ``v_new``, ``h``, the
-  maps) bit-equal, and the public op's outputs and gradients against the chunk form's fp32
+  maps) bit-equal, the reverse pass (folded or not, ``W`` stored or from ``T0``, DeltaNet)
+  bit-equal, and the public op's outputs and gradients against the chunk form's fp32
   autodiff. Multi-launch interpreted tests need ``PJRT_NPROC=8`` (MOSAIC_GPU.md Sec. 10).
 * ``PieceSkipLoweringTest`` (CI): the op's forward and ``jax.grad`` with the option lowered
   for CUDA: the two ``_skip`` kernels, the same launch count; without documents the jaxpr
@@ -113,6 +116,32 @@ def _check_pieces_path(test, case, pieces, interpret=True):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=name)
 
 
+def _check_reverse(test, case, pieces, fold, w_t0=False, interpret=True):
+    """``chunk_delta_dh_mosaic`` with sequence pieces, with and without ``piece_skip`` (the
+    ``Y_p`` launch from the first document start down, maps formed here skipping): ``dh``,
+    ``dv_new`` and ``dh0`` bit-equal. ``fold``: ``dv_local`` formed in the pass, ``du`` given;
+    else a random ``dv_local``. ``w_t0``: ``W`` formed from ``T0`` (the forward's maps
+    given)."""
+    q, k, v, g, beta, seg, t0, w, gc, docs = case
+    key = jax.random.split(jax.random.key(5), 3)
+    do = jax.random.normal(key[0], v.shape).astype(v.dtype)
+    extra = jax.random.normal(key[1], v.shape).astype(v.dtype)  # du (fold) or dv_local
+    dht = jax.random.normal(key[2], v.shape[:1] + (v.shape[2], k.shape[-1], v.shape[-1]))
+    maps = (kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=pieces, gate_cumsum=gc,
+                                              doc_vecs=docs, interpret=interpret)
+            if w_t0 else None)
+    run = functools.partial(
+        kgd.chunk_delta_dh_mosaic, q, k, t0 if w_t0 else w, do, None if fold else extra, g,
+        scale=k.shape[-1] ** -0.5, final_state_grad=dht, gate_cumsum=gc, doc_vecs=docs,
+        states_dtype=v.dtype, pieces=pieces, piece_maps=maps, fold_dv_local=fold,
+        residual_grad=extra if fold else None, w_from_t0=w_t0, beta=beta if w_t0 else None,
+        interpret=interpret)
+    off, on = run(piece_skip=False), run(piece_skip=True)
+    for name, a, b in zip(("dh", "dv_new", "dh0"), off, on):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=name)
+    test.assertGreater(float(jnp.abs(on[2]).max()), 0)
+
+
 class PieceCutsTest(absltest.TestCase):
 
     def test_cuts_of_hand_placed_documents(self):
@@ -128,6 +157,14 @@ class PieceCutsTest(absltest.TestCase):
     def test_cuts_are_per_row(self):
         conn = jnp.ones((2, 8 * C), jnp.float32).at[1, 3 * C + 63].set(0)
         np.testing.assert_array_equal(np.asarray(mgl.piece_cuts(conn, 2)), [-1, -1, 3, -1])
+
+    def test_first_cuts(self):
+        # the reverse pass's: the piece's first chunk holding a document start, or -1
+        for docs, want in ((DOCS_A, [-1, 0, 0, 3]), (DOCS_B, [2, -1, 2, 3])):
+            seg = gdn_test._inputs(1, 1024, 1, 1, 64, 64, decay=0.2, h0=False, docs=docs)[-1]
+            _, conn, _ = mgl.doc_vectors(seg, 1, 1024 // C)
+            np.testing.assert_array_equal(np.asarray(mgl.piece_cuts(conn, 4, first=True)),
+                                          want, err_msg=str(docs))
 
 
 class PieceSkipInterpretTest(parameterized.TestCase):
@@ -150,6 +187,18 @@ class PieceSkipInterpretTest(parameterized.TestCase):
     @pytest.mark.slow
     def test_pieces_path_bit_equal(self):
         _check_pieces_path(self, _case(1024, 2, 1, 64, 64, DOCS_A, seed=3), 4)
+
+    @pytest.mark.slow
+    def test_reverse_pass_bit_equal(self):
+        # the backward (Sec. 52 B): the folded pass and the separate dv_local, both doc sets
+        for docs, fold in ((DOCS_A, True), (DOCS_B, True), (DOCS_B, False)):
+            _check_reverse(self, _case(1024, 1, 1, 64, 64, docs, seed=4), 4, fold)
+
+    @pytest.mark.slow
+    def test_reverse_pass_w_from_t0_and_deltanet(self):
+        _check_reverse(self, _case(1024, 2, 1, 64, 64, DOCS_A, seed=5), 4, True, w_t0=True)
+        _check_reverse(self, _case(512, 1, 1, 64, 64, SMALL_DOCS, decay=None, seed=6), 4,
+                       True)
 
 
 @pytest.mark.slow
@@ -187,7 +236,8 @@ class PieceSkipLoweringTest(absltest.TestCase):
             calls = self._lower(True, grad)
             self.assertEqual(len(calls), launches)  # len: a failing list prints whole kernels
             for name in ("gdn_chunk_delta_h_maps_skip",
-                         "gdn_chunk_delta_fused_t0_fwd_summary_skip"):
+                         "gdn_chunk_delta_fused_t0_fwd_summary_skip") + (
+                             ("gdn_chunk_delta_dh_fold_pieces_skip",) if grad else ()):
                 self.assertEqual(sum(name in c for c in calls), 1, msg=name)
             self.assertEqual(len(self._lower(False, grad)), launches)
             self.assertEqual(sum("_skip" in c for c in self._lower(False, grad)), 0)
@@ -218,6 +268,11 @@ class PieceSkipGpuTest(kmg_test.HopperTestCase):
 
     def test_pieces_path_bit_equal(self):
         _check_pieces_path(self, _case(1024, 4, 2, 128, 128, DOCS_A, seed=3), 4,
+                           interpret=False)
+
+    def test_reverse_pass_bit_equal(self):
+        for docs, fold in ((DOCS_A, True), (DOCS_B, False)):
+            _check_reverse(self, _case(1024, 4, 2, 128, 128, docs, seed=4), 4, fold,
                            interpret=False)
 
     def test_match_chunked_autodiff(self):
