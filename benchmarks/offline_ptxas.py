@@ -605,6 +605,10 @@ OP_KERNELS = {
     # dv_local="fold": the reverse state pass forms dv_local (MOSAIC_GPU.md Sec. 32, OP_DV_LOCALS)
     "gdn_bwd_dh_fold": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold",)),
     "gdn_bwd_dh_fold_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold_pieces",)),
+    # its launch with mosaic_vjp.PIECE_SKIP (from each piece's first document start down,
+    # MOSAIC_GPU.md Sec. 52)
+    "gdn_bwd_dh_fold_pieces_skip": ("gdn", "fused_t0_pieces_skip",
+                                    ("gdn_chunk_delta_dh_fold_pieces_skip",)),
     # dh_w="t0": the folded pass forms W from T0 (MOSAIC_GPU.md Sec. 51, OP_DH_WS); the fused
     # T0 forward on whole rows, whose T0 kernel then writes no W
     "gdn_bwd_dh_fold_t0": ("gdn", "fused_t0", ("gdn_chunk_delta_dh_fold_t0",)),
@@ -617,6 +621,7 @@ OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws",
 # (its default is "fold" since 2026-12-06, MOSAIC_GPU.md Sec. 32.2; the separate stage-1 kernel
 # and the unfolded pass are "separate"'s).
 OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold",
+                "gdn_bwd_dh_fold_pieces_skip": "fold",
                 "gdn_bwd_dv_local": "separate", "gdn_bwd_dh": "separate",
                 "gdn_bwd_dh_pieces": "separate"}
 # The dh_w= of gated_delta_rule_mosaic for the OP_KERNELS entries that set it (its default is
