@@ -121,6 +121,13 @@ _MOSAIC_T0_PIECES = flags.DEFINE_bool(
     "sequence pieces (MOSAIC_GPU.md Sec. 42; the op's default since 2026-12-06g); off "
     "(--nomosaic_t0_pieces), it falls back to three_pass there; unset: the op's default. "
     "Recorded with every mosaic record (mosaic_t0_pieces: the value in force).")
+_MOSAIC_PIECE_SKIP = flags.DEFINE_bool(
+    "mosaic_piece_skip", None,
+    "Peer mosaic, gdn and deltanet: set mosaic_vjp.PIECE_SKIP for this process: on, the fused_t0 "
+    "forward's sequence pieces (rows with few CTAs) skip what a document start cuts (the maps "
+    "launch writes M_p = 0 for a piece with a document start, the summary launch starts at the "
+    "piece's last one; MOSAIC_GPU.md Sec. 52; only with documents, e.g. P1); unset: the op's "
+    "default (off). Recorded with every mosaic record (mosaic_piece_skip: the value in force).")
 _MOSAIC_APPROX_MATH = flags.DEFINE_bool(
     "mosaic_approx_math", None,
     "Every Mosaic GPU kernel of ours (peers mosaic and ours: GDN, DeltaNet, simple_gla, the "
@@ -904,6 +911,7 @@ def run_jax(records):
                             from pallas_kernels.gated_delta_rule import mosaic_vjp
                             rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                             rec["mosaic_t0_pieces"] = mosaic_vjp.FUSED_T0_PIECES
+                            rec["mosaic_piece_skip"] = mosaic_vjp.PIECE_SKIP
                         if (peer == "mosaic" and op in ("gdn", "deltanet")
                                 and _MOSAIC_WY.value != "xla"):
                             # what the op ran (unset: its default): a fused T0 forward on rows
@@ -1349,6 +1357,9 @@ def main(argv):
     if _MOSAIC_T0_PIECES.value is not None:
         from pallas_kernels.gated_delta_rule import mosaic_vjp
         mosaic_vjp.FUSED_T0_PIECES = _MOSAIC_T0_PIECES.value
+    if _MOSAIC_PIECE_SKIP.value is not None:
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
+        mosaic_vjp.PIECE_SKIP = _MOSAIC_PIECE_SKIP.value
     if _MOSAIC_APPROX_MATH.value is not None:
         from pallas_kernels.common import mosaic_gpu_lib
         mosaic_gpu_lib.APPROX_MATH = _MOSAIC_APPROX_MATH.value

@@ -583,6 +583,13 @@ OP_KERNELS = {
     # --batch=1 --seq_len=32768), at S1 the plain kernel
     "gdn_fused_t0_pieces": ("gdn", "fused_t0_pieces", ("gdn_chunk_delta_fused_t0_fwd",
                                                        "gdn_chunk_delta_fused_t0_fwd_summary")),
+    # their maps launch, and both launches with mosaic_vjp.PIECE_SKIP (documents: a piece
+    # with a document start writes M_p = 0 without its chain, the summary starts at the
+    # piece's last document start; MOSAIC_GPU.md Sec. 52)
+    "gdn_fused_t0_pieces_maps": ("gdn", "fused_t0_pieces", ("gdn_chunk_delta_h_maps",)),
+    "gdn_fused_t0_pieces_skip": ("gdn", "fused_t0_pieces_skip",
+                                 ("gdn_chunk_delta_h_maps_skip",
+                                  "gdn_chunk_delta_fused_t0_fwd_summary_skip")),
     "gdn_bwd_dv_local": ("gdn", "three_pass", ("gdn_chunk_dv_local",)),
     "gdn_bwd_dh": ("gdn", "three_pass", ("gdn_chunk_delta_dh",)),
     # the sequence pieces' launches of both state passes (rows with few CTAs, e.g.
@@ -598,6 +605,10 @@ OP_KERNELS = {
     # dv_local="fold": the reverse state pass forms dv_local (MOSAIC_GPU.md Sec. 32, OP_DV_LOCALS)
     "gdn_bwd_dh_fold": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold",)),
     "gdn_bwd_dh_fold_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold_pieces",)),
+    # its launch with mosaic_vjp.PIECE_SKIP (from each piece's first document start down,
+    # MOSAIC_GPU.md Sec. 52)
+    "gdn_bwd_dh_fold_pieces_skip": ("gdn", "fused_t0_pieces_skip",
+                                    ("gdn_chunk_delta_dh_fold_pieces_skip",)),
     # dh_w="t0": the folded pass forms W from T0 (MOSAIC_GPU.md Sec. 51, OP_DH_WS); the fused
     # T0 forward on whole rows, whose T0 kernel then writes no W
     "gdn_bwd_dh_fold_t0": ("gdn", "fused_t0", ("gdn_chunk_delta_dh_fold_t0",)),
@@ -610,6 +621,7 @@ OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws",
 # (its default is "fold" since 2026-12-06, MOSAIC_GPU.md Sec. 32.2; the separate stage-1 kernel
 # and the unfolded pass are "separate"'s).
 OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold",
+                "gdn_bwd_dh_fold_pieces_skip": "fold",
                 "gdn_bwd_dv_local": "separate", "gdn_bwd_dh": "separate",
                 "gdn_bwd_dh_pieces": "separate"}
 # The dh_w= of gated_delta_rule_mosaic for the OP_KERNELS entries that set it (its default is
@@ -746,7 +758,9 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
     from pallas_kernels.gated_delta_rule import mosaic_vjp
     from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
-    pieces = forward == "fused_t0_pieces"  # "fused_t0" with FUSED_T0_PIECES (Sec. 42)
+    # "fused_t0" with FUSED_T0_PIECES (Sec. 42), "_skip" also with PIECE_SKIP (Sec. 52)
+    skip = forward == "fused_t0_pieces_skip"
+    pieces = forward in ("fused_t0_pieces", "fused_t0_pieces_skip")
     forward = "fused_t0" if pieces else forward
     spec = jax.ShapeDtypeStruct
     dt = jnp.dtype(dtype)
@@ -778,6 +792,7 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     # (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36), or as sequence pieces (Sec. 42)
     fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, pieces
     as_pieces, mosaic_vjp.FUSED_T0_PIECES = mosaic_vjp.FUSED_T0_PIECES, pieces
+    piece_skip, mosaic_vjp.PIECE_SKIP = mosaic_vjp.PIECE_SKIP, skip
     try:
         return export_modules(step, qk, qk, tok_v, gate, gate, tok_v, seg=seg)
     finally:
@@ -785,6 +800,7 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
         kgd.SPLIT_T0_OPTIONS.update(saved)
         mosaic_vjp.FUSED_T0_FALLBACK = fallback
         mosaic_vjp.FUSED_T0_PIECES = as_pieces
+        mosaic_vjp.PIECE_SKIP = piece_skip
 
 
 _EXPORTS: Dict = {}

@@ -216,6 +216,31 @@ def ring_producer(issue, num_chunks: int, in_free, stages: int = STAGES) -> None
         plgpu.barrier_wait(in_free.at[i % stages])
 
 
+def ring_producer_from(issue, lo, num_chunks: int, in_free, stages: int = STAGES) -> None:
+    """:func:`ring_producer` over the steps ``lo .. num_chunks - 1`` only, ``lo`` a traced
+    int32 scalar in ``[0, num_chunks]``: ``issue(n, slot)`` with ``slot = n mod stages`` (the
+    consumer's ``fori_loop(lo, num_chunks)`` uses the same slots). The first ``stages`` steps
+    go out at once, step ``n`` waits for ``in_free[n mod stages]`` (step ``n - stages``
+    consumed the slot), and the last releases (steps ``>= lo``) are observed before leaving.
+    Used where a sequence piece's chain starts at a document start (MOSAIC_GPU.md Sec. 52)."""
+    for i in range(stages):
+        @pl.when(lo + i < num_chunks)
+        def _first():
+            n = lo + i
+            issue(n, lax.rem(n, stages))
+
+    @pl.loop(lo + stages, num_chunks)
+    def _refill(n):
+        slot = lax.rem(n, stages)
+        plgpu.barrier_wait(in_free.at[slot])
+        issue(n, slot)
+
+    for n in range(max(num_chunks - stages, 0), num_chunks):  # observe the last releases
+        @pl.when(lo <= n)
+        def _observe():
+            plgpu.barrier_wait(in_free.at[n % stages])
+
+
 def pad_time(x, num_chunks):
     """Zero-pads axis 1 (time) of ``x`` to ``num_chunks * CHUNK``."""
     pad = num_chunks * CHUNK - x.shape[1]
@@ -313,6 +338,27 @@ def split_head_major(x, pieces):
     b, hh, tp = x.shape
     x = x.reshape(b, hh, pieces, tp // pieces).transpose(0, 2, 1, 3)
     return x.reshape(b * pieces, hh, tp // pieces)
+
+
+def piece_cuts(conn, pieces, *, first: bool = False):
+    """int32 ``[B * P]``: per sequence piece (pieces as rows, as :func:`split_rows` cuts
+    them), the piece-local index of its last chunk in which a document starts, or ``-1``.
+
+    ``conn``: fp32 ``[B, Tp]`` of :func:`doc_vectors` (formed on whole rows). A chunk ``c``
+    holds a document start where ``keep_c = conn`` of its last token is 0 (the state entering
+    it does not reach its exit, the state passes' ``s_decay`` factor; a start on the chunk's
+    first token counts). For piece ``p`` with cut ``c >= 0`` the state map ``M_p`` is zero and
+    the exit state from zero depends only on chunks ``c ..`` (MOSAIC_GPU.md Sec. 52).
+    ``first``: the piece's first such chunk instead (or ``-1``); the reverse pass from a zero
+    exit gradient reaches the piece's entry only through chunks ``.. c``."""
+    rows, padded = conn.shape
+    keep = conn.reshape(rows * pieces, padded // (pieces * CHUNK), CHUNK)[:, :, -1]
+    idx = lax.broadcasted_iota(jnp.int32, keep.shape, 1)
+    if first:
+        big = keep.shape[1]
+        f = jnp.min(jnp.where(keep == 0, idx, big), axis=1)
+        return jnp.where(f == big, -1, f).astype(jnp.int32)
+    return jnp.max(jnp.where(keep == 0, idx, -1), axis=1).astype(jnp.int32)
 
 
 def scan_piece_maps(maps, local, start, *, reverse: bool):

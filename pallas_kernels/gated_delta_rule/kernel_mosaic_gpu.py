@@ -105,19 +105,25 @@ STAGES = mgl.STAGES  # depth of the TMA input ring
 
 def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
                         group: int, has_h0: bool, share_operand: bool, pieces: int, store: bool,
-                        zero_u: bool, interpret: bool):
+                        zero_u: bool, interpret: bool, skip: bool = False):
     """Kernel body of :func:`chunk_delta_h_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] [h_ref, vn_ref,] ht_ref`` then the scratch (``h``, ``v_new`` only
+    ``rest`` = ``[h0_ref,] [cut_ref,] [h_ref, vn_ref,] ht_ref`` then the scratch (``h``,
+    ``v_new`` only
     with ``store``). With ``share_operand`` (``h`` stored in the input dtype) the staging tile
     of ``h`` is also the ``wgmma`` operand ``S`` of ``W S``; otherwise ``S`` gets its own 16-bit
     tile. With ``pieces = P > 1`` the inputs are ``P`` pieces of ``num_chunks`` chunks per row
     as ``B * P`` rows (grid axis ``b`` is ``row * P + piece``): ``h0``, ``ht`` and ``v_new``
     are per piece, ``h`` is written at the row's global chunk index. ``zero_u``: ``U`` is
     taken as zero and ``u_ref`` is not read (the piece maps of :func:`_piece_maps`).
+    ``skip`` (with ``zero_u``, MOSAIC_GPU.md Sec. 52): ``cut_ref`` int32 ``[B * P]``
+    (:func:`pallas_kernels.common.mosaic_gpu_lib.piece_cuts`); a row with ``cut >= 0`` (a
+    document starts inside the piece, so its map is exactly zero) loads nothing, runs no chunk
+    and stores zeros.
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
+    cut_ref = rest.pop(0) if skip else None
     h_ref, vn_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
     (ht_ref, k_s, w_s, u_s, g_s, last_s, conn_s, vd_s, vn_s, state_s, hst_s,
      in_bar, in_free, io_bar, done, *extra) = rest
@@ -129,6 +135,7 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
     wg = lax.axis_index("wg")
     dk = k_s.shape[-1]
+    run_chain = None if cut_ref is None else cut_ref[b] < 0  # skip: no document start inside
 
     @pl.when(wg == 1)
     def _memory():
@@ -145,7 +152,10 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
             plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
 
-        mgl.ring_producer(issue, num_chunks, in_free)
+        if run_chain is None:
+            mgl.ring_producer(issue, num_chunks, in_free)
+        else:
+            pl.when(run_chain)(lambda: mgl.ring_producer(issue, num_chunks, in_free))
 
     @pl.when(wg == 0)
     def _state():
@@ -203,7 +213,11 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
             plgpu.barrier_arrive(in_free.at[slot])
             return s * s_decay + kv
 
-        s = lax.fori_loop(0, num_chunks, step, s0)
+        if run_chain is None:
+            s = lax.fori_loop(0, num_chunks, step, s0)
+        else:  # no chunk where a document starts inside the piece; its map is then zero
+            s = lax.fori_loop(0, jnp.where(run_chain, num_chunks, 0), step, s0)
+            s = s * run_chain.astype(jnp.float32)
         mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
@@ -355,12 +369,13 @@ def chunk_delta_h_mosaic(
 
 
 def _delta_h_call(k, w, u, gc, last, conn, h0, *, group, pieces, states_dtype, interpret,
-                  store=True, zero_u=False):
+                  store=True, zero_u=False, cut=None):
     """One launch of the delta state pass over ``[B * P]`` rows (pieces as rows; see
     :func:`_delta_state_kernel`). Returns ``(h, v_new, ht)`` (``h`` ``[B, H, P * Nq, K, V]``
     in ``states_dtype``, ``v_new`` ``[B * P, Tq, H, V]`` in the input dtype, ``ht``
     ``[B * P, H, K, V]`` fp32), or ``(ht,)`` without ``store``. With ``zero_u`` ``u`` is a
-    placeholder of the value width (not read)."""
+    placeholder of the value width (not read); ``cut`` (int32 ``[B * P]``, only with
+    ``zero_u``): skip the rows whose map a document start zeroes (``_skip`` kernel, Sec. 52)."""
     rows, tq, _, dk = k.shape
     heads, dv = u.shape[2], u.shape[3]
     num_chunks = tq // CHUNK
@@ -368,7 +383,8 @@ def _delta_h_call(k, w, u, gc, last, conn, h0, *, group, pieces, states_dtype, i
     share = states_dtype == jnp.dtype(k.dtype)
     kernel = functools.partial(_delta_state_kernel, num_chunks=num_chunks, group=group,
                                has_h0=has_h0, share_operand=share, pieces=pieces, store=store,
-                               zero_u=zero_u, interpret=interpret)
+                               zero_u=zero_u, interpret=interpret,
+                               **({} if cut is None else {"skip": True}))
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
     out_type = _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, u.dtype,
@@ -398,9 +414,11 @@ def _delta_h_call(k, w, u, gc, last, conn, h0, *, group, pieces, states_dtype, i
         thread_name="wg",
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_delta_h" + ("" if store else "_maps" if zero_u else "_pieces"),
+        kernel_name="gdn_chunk_delta_h" + ("" if store else "_maps" if zero_u else "_pieces")
+        + ("" if cut is None else "_skip"),
     )
-    return call(k, w, u, gc, last, conn, *(() if h0 is None else (h0,)))
+    return call(k, w, u, gc, last, conn, *(() if h0 is None else (h0,)),
+                *(() if cut is None else (cut,)))
 
 
 def _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, value_dtype, store):
@@ -416,20 +434,23 @@ def _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, value_dt
             jax.ShapeDtypeStruct((rows, tq, heads, dv), value_dtype), last)
 
 
-def _piece_maps(kp, wp, gp, lastp, connp, run, pieces):
+def _piece_maps(kp, wp, gp, lastp, connp, run, pieces, cut=None):
     """The ``[K, K]`` state maps ``M_p`` of the pieces, ``[B, P, H, K, K]`` fp32: the delta
     state pass on ``K`` columns from the identity with ``U = 0`` (``S -> keep e^{G_L} S
     - K^T diag(last e^{G_L - G}) W S`` per chunk), run on the pieces as rows (``kp``, ``wp``,
     ``gp``, ``lastp``, ``connp`` split as :func:`chunk_delta_h_mosaic` splits them), storing
     only each piece's final state. ``run`` is :func:`_delta_h_call` with the static options
-    bound. Documents: a reset inside a piece zeroes ``M_p`` (``keep``, ``conn`` in ``W``)."""
+    bound. Documents: a reset inside a piece zeroes ``M_p`` (``keep``, ``conn`` in ``W``);
+    ``cut`` (int32 ``[B * P]``, :func:`pallas_kernels.common.mosaic_gpu_lib.piece_cuts`, or
+    ``None``): such pieces skip their chain and write the zeros directly (Sec. 52)."""
     rows, _, heads, dk = wp.shape
     eye = jnp.broadcast_to(jnp.eye(dk, dtype=jnp.float32), (rows, heads, dk, dk))
-    (maps,) = run(kp, wp, wp, gp, lastp, connp, eye, store=False, zero_u=True)
+    (maps,) = run(kp, wp, wp, gp, lastp, connp, eye, store=False, zero_u=True,
+                  **({} if cut is None else {"cut": cut}))
     return maps.reshape(rows // pieces, pieces, heads, dk, dk)
 
 
-@functools.partial(jax.jit, static_argnames=("pieces", "interpret"))
+@functools.partial(jax.jit, static_argnames=("pieces", "interpret", "piece_skip"))
 def chunk_delta_piece_maps_mosaic(
     k: jax.Array,
     w: jax.Array,
@@ -440,6 +461,8 @@ def chunk_delta_piece_maps_mosaic(
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     interpret: bool = False,
+    piece_skip: bool = False,
+    piece_cuts: Optional[jax.Array] = None,
 ) -> jax.Array:
     """The state maps ``M_p`` of ``pieces`` sequence pieces per row, ``[B, P, H, K, K]`` fp32.
 
@@ -460,6 +483,14 @@ def chunk_delta_piece_maps_mosaic(
         g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``) or ``None`` (DeltaNet).
         pieces: static; ``P``, a divisor of the chunk count ``ceil(T / 64)``.
         segment_ids, gate_cumsum, doc_vecs, interpret: as :func:`chunk_delta_h_mosaic`.
+        piece_skip: static (MOSAIC_GPU.md Sec. 52); with documents (``segment_ids`` or
+            ``doc_vecs``), a piece in which a document starts (``keep_c = 0`` for one of its
+            chunks) writes its map, exactly zero, without running its chain or loading its
+            inputs (kernel ``gdn_chunk_delta_h_maps_skip``). Without documents it changes
+            nothing (the launch is the plain one).
+        piece_cuts: optional int32 ``[B * P]``,
+            :func:`pallas_kernels.common.mosaic_gpu_lib.piece_cuts` of the documents' ``conn``
+            formed once by the caller (only read with ``piece_skip``); ``None``: formed here.
 
     Returns:
         ``[B, P, H, K, K]`` fp32.
@@ -482,8 +513,15 @@ def chunk_delta_piece_maps_mosaic(
     kp, wp, lastp, connp = (mgl.split_rows(x, pieces) for x in (k, w, last, conn))
     run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
                             states_dtype=k.dtype, interpret=interpret)
+    cut = None
+    if piece_skip and (segment_ids is not None or doc_vecs is not None):
+        cut = mgl.piece_cuts(conn, pieces) if piece_cuts is None else piece_cuts
+        if cut.shape != (batch * pieces,) or cut.dtype != jnp.int32:
+            raise ValueError(f"piece_cuts must be int32 [B * P] = {(batch * pieces,)}, got "
+                             f"{cut.shape} {cut.dtype}")
     with jax.named_scope("gdn_chunk_delta_piece_maps_mosaic"):
-        return _piece_maps(kp, wp, mgl.split_head_major(gc, pieces), lastp, connp, run, pieces)
+        return _piece_maps(kp, wp, mgl.split_head_major(gc, pieces), lastp, connp, run, pieces,
+                           cut)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1785,7 +1823,8 @@ def gated_delta_rule_fwd_mosaic(
 
 def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, group: int,
                          scale: float, has_dht: bool, fp32_states: bool, pieces: int, store: bool,
-                         fold: bool, has_du: bool, interpret: bool, w_t0: bool = False):
+                         fold: bool, has_du: bool, interpret: bool, w_t0: bool = False,
+                         skip: bool = False):
     """Kernel body of :func:`chunk_delta_dh_mosaic`; refs are GMEM.
 
     ``rest`` = ``[dvl_ref,] g_ref, last_ref, conn_ref, [doc_ref,] [dht_ref,] [dh_ref,
@@ -1813,6 +1852,11 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
     ``w_s`` slot and arrives on ``w_ready[slot]``; the state warpgroup waits there before its
     ``W^T dv_new`` product. The slot is rewritten only after both warpgroups released the
     stage (as ``dvl_s``).
+
+    ``skip`` (MOSAIC_GPU.md Sec. 52): ``lo_ref`` int32 ``[B * P]`` follows the inputs; row
+    ``b`` loads and runs only its steps ``lo[b] ..`` (chunks ``N - 1 - lo[b]`` down to 0) from
+    its exit gradient (with ``store=False``, a piece's ``Y_p`` from zero: nothing leaving the
+    chunk of its first document start reaches its entry).
     """
     rest = list(rest)
     dvl_ref = rest.pop(0) if (has_du or not fold) else None
@@ -1820,6 +1864,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
     bc_ref = rest.pop(0) if w_t0 else None
     doc_ref = rest.pop(0) if fold else None
     dht_ref = rest.pop(0) if has_dht else None
+    lo_ref = rest.pop(0) if skip else None
     dh_ref, dvn_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
     (dh0_ref, q_s, k_s, w_s, do_s, dvl_s, g_s, last_s, conn_s, dod_s, dvn_s,
      dvneg_s, state_s, ds_s, in_bar, in_free, io_bar, done, *extra) = rest
@@ -1837,6 +1882,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
     wg = lax.axis_index("wg")
     dk = q_s.shape[-1]
+    lo = 0 if lo_ref is None else lo_ref[b]  # skip: the first step (all warpgroups)
 
     @pl.when(wg == 1)
     def _memory():
@@ -1863,7 +1909,10 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
                 plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], docr_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], docc_s.at[slot], bar)
 
-        mgl.ring_producer(issue, num_chunks, in_free)
+        if lo_ref is None:
+            mgl.ring_producer(issue, num_chunks, in_free)
+        else:
+            mgl.ring_producer_from(issue, lo, num_chunks, in_free)
 
     if fold:
         @pl.when(wg == 2)
@@ -1895,7 +1944,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
                 plgpu.commit_smem()
                 plgpu.barrier_arrive(w_ready.at[slot])
 
-            @pl.loop(0, num_chunks)
+            @pl.loop(lo, num_chunks)
             def _step(i):
                 slot = lax.rem(i, STAGES)
                 plgpu.barrier_wait(in_bar.at[slot])
@@ -1993,7 +2042,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, gr
             plgpu.barrier_arrive(in_free.at[slot])
             return d * d_decay + upd
 
-        d = lax.fori_loop(0, num_chunks, step, d0)
+        d = lax.fori_loop(lo, num_chunks, step, d0)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         state_s[...] = d
         plgpu.commit_smem()
@@ -2011,7 +2060,7 @@ DH_FOLD_REGISTERS = (232, 40, 232)
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "pieces", "fold_dv_local",
-                                             "w_from_t0", "interpret"))
+                                             "w_from_t0", "interpret", "piece_skip"))
 def chunk_delta_dh_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -2033,6 +2082,7 @@ def chunk_delta_dh_mosaic(
     w_from_t0: bool = False,
     beta: Optional[jax.Array] = None,
     interpret: bool = False,
+    piece_skip: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The reverse delta state pass: state gradients of every chunk, total ``dv_new``, ``dh0``.
 
@@ -2162,6 +2212,12 @@ def chunk_delta_dh_mosaic(
             (``P > 1``) also ``piece_maps`` (the maps would need ``W``).
         beta: write strengths ``[B, T, H]`` (read as fp32), only with ``w_from_t0``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+        piece_skip: static (MOSAIC_GPU.md Sec. 52); with sequence pieces and documents
+            (``segment_ids`` or ``doc_vecs``): the launch from a zero exit gradient (``Y_p``)
+            runs each piece's chunks from the one of its first document start down to its
+            first chunk only (kernel ``..._pieces_skip``; nothing leaving that chunk reaches
+            the piece's entry: ``A_c^T = 0`` there), and maps formed here skip as
+            :func:`chunk_delta_piece_maps_mosaic` does. Exact up to the sign of zeros.
 
     Returns:
         ``(dh, dv_new, dh0)``: ``dh`` ``[B, H, N, K, V]`` in ``states_dtype`` (the layout of
@@ -2252,12 +2308,19 @@ def chunk_delta_dh_mosaic(
         dvlp, docp = (None if x is None else mgl.split_rows(x, pieces) for x in (dvl_in, doc))
         gp = mgl.split_head_major(gc, pieces)
         bcp = None if bc is None else mgl.split_head_major(bc, pieces)
+        skip = piece_skip and (segment_ids is not None or doc_vecs is not None)
         if piece_maps is None:
             h_run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
                                       states_dtype=q.dtype, interpret=interpret)
-            piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces)
+            piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces,
+                                     mgl.piece_cuts(conn, pieces) if skip else None)
+        # skip: step N/P - 1 - f of a piece reads chunk f, its first document start (Sec. 52)
+        lo = None
+        if skip:
+            first = mgl.piece_cuts(conn, pieces, first=True)
+            lo = jnp.where(first >= 0, num_chunks // pieces - 1 - first, 0).astype(jnp.int32)
         (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp, None, store=False,
-                         bc=bcp)
+                         bc=bcp, **({} if lo is None else {"lo": lo}))
         exits = mgl.scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv),
                                     dht, reverse=True)
         dh, dvn, dh0s = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp,
@@ -2267,7 +2330,7 @@ def chunk_delta_dh_mosaic(
 
 
 def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scale, pieces,
-                   states_dtype, interpret, store=True, bc=None):
+                   states_dtype, interpret, store=True, bc=None, lo=None):
     """One launch of the reverse delta state pass over ``[B * P]`` rows (pieces as rows; see
     :func:`_delta_dstate_kernel`). ``doc`` (the document ids) given: the folded pass
     (``fold_dv_local``), with ``dvl_in`` the residual's cotangent or ``None``; else ``dvl_in``
@@ -2275,7 +2338,7 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
     ``w`` is ``T0`` ``[B * P, Tq, H, 64]`` and the pass forms ``W`` (``w_from_t0``). Returns
     ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K, V]`` in ``states_dtype``, ``dv_new``
     ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]`` fp32), or ``(dh0,)`` without
-    ``store``."""
+    ``store``. ``lo`` (int32 ``[B * P]``): each row's first step (``_skip`` kernel, Sec. 52)."""
     rows, tq, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
     num_chunks = tq // CHUNK
@@ -2287,7 +2350,8 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
     kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks, group=group,
                                scale=scale, has_dht=dht is not None, fp32_states=fp32_states,
                                pieces=pieces, store=store, fold=fold, has_du=has_du,
-                               interpret=interpret, w_t0=w_t0)
+                               interpret=interpret, w_t0=w_t0,
+                               **({} if lo is None else {"skip": True}))
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
     out_type = _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, do.dtype,
@@ -2335,9 +2399,10 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_delta_dh" + ("_fold" if fold else "") + ("_t0" if w_t0 else "")
-                     + ("" if store else "_pieces")),
+                     + ("" if store else "_pieces") + ("" if lo is None else "_skip")),
     )
     args = (q, k, w, do) + (() if dvl_in is None else (dvl_in,)) + (gc, last, conn)
     args += () if bc is None else (bc,)
     args += (() if doc is None else (doc,)) + (() if dht is None else (dht,))
+    args += () if lo is None else (lo,)
     return call(*args)

@@ -844,10 +844,11 @@ def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
 def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
                      store_v_new: bool, store_h: bool, interpret: bool, stages: str = "full",
-                     pieces: int = 1, summary: bool = False):
+                     pieces: int = 1, summary: bool = False, piece_skip: bool = False):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] [o_ref,] ht_ref, [vn_ref,] [h_ref,]`` then the scratch (no ``o_ref``
+    ``rest`` = ``[h0_ref,] [start_ref,] [o_ref,] ht_ref, [vn_ref,] [h_ref,]`` then the
+    scratch (no ``o_ref``
     with ``summary``: the state chain alone, only the final state stored, for a sequence
     piece's pass from zero). With ``pieces = P > 1`` the grid's rows are ``P`` pieces of
     ``num_chunks`` chunks per batch row and ``h`` is stored at the batch row ``b // P`` and
@@ -856,9 +857,13 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     terms of ``Ag``), the SMEM copies of what the GPU reads as a transposed view or from
     registers. ``stages`` (:data:`FUSED_T0_STAGES`): a timing ablation that cuts each chunk's
     work short (``"full"``: the kernel; ``"nobar"`` only changes the compiler parameters).
+    ``piece_skip`` (with ``summary``, MOSAIC_GPU.md Sec. 52): ``start_ref`` int32 ``[B * P]``;
+    row ``b`` loads and runs only its chunks ``start[b] ..`` from a zero state (the chunk of
+    the piece's last document start: nothing entering it reaches the exit).
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
+    start_ref = rest.pop(0) if piece_skip else None
     o_ref = None if summary else rest.pop(0)
     ht_ref = rest.pop(0)
     vn_ref = rest.pop(0) if store_v_new else None
@@ -886,10 +891,16 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     sq = (CHUNK, CHUNK)
     tile = (CHUNK, BLOCK_V)
 
+    lo = None if start_ref is None else start_ref[b]  # piece_skip: the chain's first chunk
+
     @pl.when(wg == 1)
     def _memory():
         plgpu.set_max_registers(40, action="decrease")
-        mgl.ring_producer(_t0_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free)
+        issue = _t0_issuer(gmem, ring, in_bar, b, h, hk, cols)
+        if lo is None:
+            mgl.ring_producer(issue, num_chunks, in_free)
+        else:
+            mgl.ring_producer_from(issue, lo, num_chunks, in_free)
 
     @pl.when(wg == 0)
     def _compute():
@@ -1022,7 +1033,7 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             store_o(rows, n)
             return s * s_decay + kv
 
-        s = lax.fori_loop(0, num_chunks, step, s0)
+        s = lax.fori_loop(0 if lo is None else lo, num_chunks, step, s0)
         mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
@@ -1584,6 +1595,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     pieces: int = 1,
     summary: bool = False,
+    piece_cuts: Optional[jax.Array] = None,
 ) -> Tuple[Optional[jax.Array], jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
@@ -1724,6 +1736,14 @@ def chunk_delta_fused_t0_fwd_mosaic(
             (kernel name ``gdn_chunk_delta_fused_t0_fwd_summary``); the first output is
             ``None``. A sequence piece's pass from a zero state, ``X_p`` of ``S -> M_p S +
             X_p``.
+        piece_cuts: optional int32 ``[B]`` (``B`` the rows here, the pieces as rows), only with
+            ``summary`` and no ``initial_state``: per row the chunk of its last document start
+            or ``-1`` (:func:`pallas_kernels.common.mosaic_gpu_lib.piece_cuts`); row ``b`` then
+            runs its chain from zero on chunks ``max(cut_b, 0) ..`` only (kernel
+            ``gdn_chunk_delta_fused_t0_fwd_summary_skip``, MOSAIC_GPU.md Sec. 52). Exact: the
+            state entering the chunk of a document start does not reach its exit (``keep = 0``,
+            and ``conn = 0`` on the rows that ``last`` keeps), so the final state equals the
+            whole chain's up to the sign of zeros. ``None``: every chunk (the default).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic` (``o`` is
@@ -1820,6 +1840,12 @@ def chunk_delta_fused_t0_fwd_mosaic(
                          f"final state: it needs split_output=False, store_v_new=False, "
                          f"store_h=False and stages='full', got {split_output=}, "
                          f"{store_v_new=}, {store_h=}, {stages=}")
+    if piece_cuts is not None and (not summary or initial_state is not None
+                                   or piece_cuts.shape != (batch,)
+                                   or piece_cuts.dtype != jnp.int32):
+        raise ValueError(f"piece_cuts must be int32 [B] = {(batch,)} for summary=True without "
+                         f"initial_state, got {piece_cuts.shape} {piece_cuts.dtype}, "
+                         f"{summary=}, initial_state given: {initial_state is not None}")
 
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
@@ -1842,7 +1868,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
                                **({"protocol": split_protocol}
                                   if split_protocol != SPLIT_DEFAULT_PROTOCOL else {}),
                                **({"pieces": pieces} if pieces > 1 else {}),
-                               **({"summary": True} if summary else {}))
+                               **({"summary": True} if summary else {}),
+                               **({} if piece_cuts is None else {"piece_skip": True}))
     vk = state_layout == "vk"
     dtype = v.dtype
     sk = (dv, dk) if vk else (dk, dv)  # the state's layout inside the kernel
@@ -1940,7 +1967,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
         compiler_params=mgl.compiler_params(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=("gdn_chunk_delta_fused_t0_fwd_summary" if summary else
+        kernel_name=("gdn_chunk_delta_fused_t0_fwd_summary"
+                     + ("" if piece_cuts is None else "_skip") if summary else
                      fused_t0_kernel_name(split_output=split_output, split_order=split_order,
                                           split_stages=split_stages, state_layout=state_layout,
                                           stages=stages, split_protocol=split_protocol)),
@@ -1949,7 +1977,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
     if vk:  # the kernel carries S^T: [B, H, V, K] in and out
         h0 = tuple(jnp.swapaxes(x, -1, -2) for x in h0)
     with jax.named_scope("gdn_chunk_delta_fused_t0_fwd_mosaic"):
-        outs = list(call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0))
+        starts = () if piece_cuts is None else (jnp.maximum(piece_cuts, 0),)
+        outs = list(call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0, *starts))
     o = None if summary else outs.pop(0)
     final_state = outs.pop(0)
     v_new = outs.pop(0) if store_v_new else None

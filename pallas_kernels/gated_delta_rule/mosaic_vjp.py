@@ -146,6 +146,17 @@ FUSED_T0_FALLBACK = True
 # the four gpu tests of the path green.
 FUSED_T0_PIECES = True
 
+# With documents (segment_ids given), whether the fused T0 forward's sequence pieces skip what a
+# document start cuts (MOSAIC_GPU.md Sec. 52): a piece in which a document starts has the state
+# map M_p = 0 exactly (the maps launch writes the zeros without running its chain: kernel
+# gdn_chunk_delta_h_maps_skip), and its pass from zero X_p depends only on the chunks from the
+# one of its last document start (the summary launch starts there: ..._summary_skip). One int32
+# per piece (mosaic_gpu_lib.piece_cuts), formed in XLA from the document vectors. The backward
+# (any forward with pieces): the reverse pass from a zero exit gradient (Y_p) runs each piece
+# only from its first document start down (chunk_delta_dh_mosaic(piece_skip=True), kernel
+# ..._pieces_skip). Without documents nothing changes. Off until a GPU timing at P1 (Sec. 52).
+PIECE_SKIP = False
+
 # The forward of :func:`gated_delta_rule_mosaic` when none is named. "fused_t0" since
 # 2026-12-06 (MOSAIC_GPU.md Sec. 38.1): on an H100 at S1 (B 8, T 4096, H 16, K = V = 128, bf16)
 # the op's fwd+bwd kernel time with the default backward was 1.705 ms (12-06c) and 1.717
@@ -379,7 +390,8 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
                                              gate_cumsum=gc, doc_vecs=docs, **kgd.T0_OPTIONS)
         o, final_state, v_new, h, maps = _fused_t0_pieces(
             q, k, v, t0, w, g, beta, initial_state, gc, docs, pieces=pieces, scale=scale,
-            store_v_new=store_v_new, store_h=residuals, interpret=interpret)
+            store_v_new=store_v_new, store_h=residuals, interpret=interpret,
+            piece_skip=PIECE_SKIP and segment_ids is not None)
         return (o, final_state), ((w, h, v_new, maps, t0) if residuals
                                   else (None, None, v_new, None, None))
     if forward in ("fused_t0", "fused_t0_split"):
@@ -417,7 +429,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
 
 
 def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces, scale,
-                     store_v_new, store_h, interpret):
+                     store_v_new, store_h, interpret, piece_skip=False):
     """``forward="fused_t0"`` on rows cut into ``pieces`` sequence pieces (MOSAIC_GPU.md
     Sec. 42): ``(o, final_state, v_new, h, maps)``.
 
@@ -429,12 +441,18 @@ def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces
     kernel on the pieces as rows from ``e_p``, ``h`` written at global chunk indices
     (``pieces``). ``maps`` (``[B, P, H, K, K]`` fp32) go to the backward's reverse state pass,
     which needs the same maps. ``gc``, ``docs``: :func:`_shared` (formed on whole rows, so a
-    piece's first chunk's ``conn`` gates its entry state)."""
+    piece's first chunk's ``conn`` gates its entry state). ``piece_skip`` (:data:`PIECE_SKIP`
+    with documents, MOSAIC_GPU.md Sec. 52): the per-piece chunk of the last document start
+    (int32 ``[B * P]``, :func:`pallas_kernels.common.mosaic_gpu_lib.piece_cuts`) lets the
+    maps launch write ``M_p = 0`` without its chain and the summary start there; the same
+    results up to the sign of zeros."""
     batch, seq_len, heads, dv = v.shape
     dk = k.shape[-1]
     num_chunks = -(-seq_len // mgl.CHUNK)
-    maps = kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=pieces, gate_cumsum=gc,
-                                             doc_vecs=docs, interpret=interpret)
+    cuts = mgl.piece_cuts(docs[1], pieces) if piece_skip else None  # [B * P] int32
+    maps = kgd.chunk_delta_piece_maps_mosaic(
+        k, w, g, pieces=pieces, gate_cumsum=gc, doc_vecs=docs, interpret=interpret,
+        **({"piece_skip": True, "piece_cuts": cuts} if piece_skip else {}))
     split = functools.partial(mgl.split_rows, pieces=pieces)
     pad = functools.partial(mgl.pad_time, num_chunks=num_chunks)
     qp, kp, vp, t0p = (split(pad(x)) for x in (q, k, v, t0))
@@ -444,7 +462,7 @@ def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces
     run = functools.partial(kfused.chunk_delta_fused_t0_fwd_mosaic, qp, kp, vp, t0p, gp, betap,
                             scale=scale, interpret=interpret, gate_cumsum=gcp,
                             doc_vecs=tuple(split(x) for x in docs), pieces=pieces)
-    _, x_local, _, _ = run(summary=True)  # [B * P, H, K, V]
+    _, x_local, _, _ = run(summary=True, **({} if cuts is None else {"piece_cuts": cuts}))
     entries = mgl.scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv),
                                   initial_state, reverse=False)
     o, finals, v_new, h = run(initial_state=entries.reshape(batch * pieces, heads, dk, dv),
@@ -505,7 +523,9 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
                                              piece_maps=maps, fold_dv_local=fold,
                                              residual_grad=du if fold else None,
                                              w_from_t0=w_t0, beta=beta if w_t0 else None,
-                                             interpret=interpret, **shared)
+                                             interpret=interpret, **shared,
+                                             **({"piece_skip": True} if PIECE_SKIP
+                                                and seg is not None else {}))
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
     if backward in ("fused", "fused_ws"):  # stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31)
         if t0 is None:  # not kept by the forward: the T0 kernel again (0.09 ms at S1, H200)
