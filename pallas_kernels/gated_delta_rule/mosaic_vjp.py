@@ -523,6 +523,9 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
                                              piece_maps=maps, fold_dv_local=fold,
                                              residual_grad=du if fold else None,
                                              w_from_t0=w_t0, beta=beta if w_t0 else None,
+                                             # W from T0 has no maps to split rows with: the
+                                             # whole rows, as the forward ran them
+                                             pieces=1 if w_t0 and maps is None else None,
                                              interpret=interpret, **shared,
                                              **({"piece_skip": True} if PIECE_SKIP
                                                 and seg is not None else {}))
