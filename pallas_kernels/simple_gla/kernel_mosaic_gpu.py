@@ -86,9 +86,35 @@ _transposed = mosaic_gpu_lib.transposed
 _lhs_operand = mosaic_gpu_lib.lhs_operand
 interpret_params = mosaic_gpu_lib.interpret_params
 unsupported_reason = mosaic_gpu_lib.unsupported_reason
-# simple_gla_fwd_mosaic's forward= choices: chunk_states_mosaic + chunk_output_mosaic, or the
-# one kernel simple_gla_fused_fwd_mosaic.
-FORWARDS = ("two_pass", "fused")
+# simple_gla_fwd_mosaic's forward= choices: chunk_states_mosaic + chunk_output_mosaic, the
+# one kernel simple_gla_fused_fwd_mosaic, or "auto" (resolve_forward).
+FORWARDS = ("two_pass", "fused", "auto")
+# simple_gla_mosaic's default (MOSAIC_GPU.md Sec. 50.1, H100 2026-12-07g, kernel ms): the fused
+# forward took 0.205 against two_pass's 0.467 at S1 and 0.311 against 0.571 at P1; under
+# differentiation 1.110 against 1.173 fwd+bwd at S1 but 1.416 against 1.376 at P1, where the
+# backward's state pass is no longer the forward's (XLA keeps one of two equal calls).
+DEFAULT_FORWARD = "auto"
+
+
+def resolve_forward(forward: str, batch: int, seq_len: int, heads: int, dv: int,
+                    differentiated: bool) -> str:
+    """The forward kernels that ``forward`` runs: ``"auto"`` is ``"fused"``, except under
+    differentiation on rows that the state passes split into sequence pieces
+    (:func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces` > 1: few CTAs), where it is
+    ``"two_pass"`` (its state pass is the backward's recomputation, one call for both; the
+    H100 numbers are at :data:`DEFAULT_FORWARD`); other values are returned as given.
+
+    Raises:
+        ValueError: for a ``forward`` not in :data:`FORWARDS`.
+    """
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
+    if forward != "auto":
+        return forward
+    if not differentiated:
+        return "fused"
+    pieces = mosaic_gpu_lib.num_pieces(None, batch * heads * (dv // BLOCK_V), -(-seq_len // CHUNK))
+    return "fused" if pieces == 1 else "two_pass"
 
 
 def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
@@ -505,8 +531,8 @@ def simple_gla_fwd_mosaic(
 ) -> Tuple[jax.Array, jax.Array]:
     """Forward of scalar-decay linear attention: :func:`chunk_states_mosaic` then
     :func:`chunk_output_mosaic` (``forward="two_pass"``), or the one fused kernel
-    :func:`simple_gla_fused_fwd_mosaic` (``forward="fused"``; same results up to rounding
-    order, no chunk states in HBM).
+    :func:`simple_gla_fused_fwd_mosaic` (``forward="fused"``, and ``"auto"`` here: same
+    results up to rounding order, no chunk states in HBM).
 
     Args:
         q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``).
@@ -515,7 +541,8 @@ def simple_gla_fwd_mosaic(
         scale: read-out scale (static); ``None`` means ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` or ``None`` (zeros); first document of each row only.
         segment_ids: optional int ``[B, T]`` (packed documents).
-        forward: static, ``"two_pass"`` (default) or ``"fused"`` (see above).
+        forward: static, ``"two_pass"`` (default), ``"fused"`` or ``"auto"`` (fused; see
+            :func:`resolve_forward`).
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -527,8 +554,8 @@ def simple_gla_fwd_mosaic(
         ValueError: as :func:`chunk_states_mosaic` and :func:`chunk_output_mosaic` (or
             :func:`simple_gla_fused_fwd_mosaic`), or for an unknown ``forward``.
     """
-    if forward not in FORWARDS:
-        raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
+    forward = resolve_forward(forward, k.shape[0], k.shape[1], v.shape[2], v.shape[3],
+                              differentiated=False)
     if scale is None:
         scale = k.shape[-1] ** -0.5
     if forward == "fused":
@@ -1533,7 +1560,7 @@ def simple_gla_mosaic(
     scale: Optional[float] = None,
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
-    forward: str = "two_pass",
+    forward: str = DEFAULT_FORWARD,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """Differentiable scalar-decay linear attention on the Mosaic GPU kernels.
@@ -1549,8 +1576,10 @@ def simple_gla_mosaic(
         scale: static read-out scale; ``None`` means ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` or ``None``.
         segment_ids: optional int ``[B, T]``; not differentiated.
-        forward: static, the forward kernels: ``"two_pass"`` (default) or ``"fused"`` (see
-            :func:`simple_gla_fwd_mosaic`); the backward is the same either way.
+        forward: static, the forward kernels: ``"two_pass"``, ``"fused"`` (see
+            :func:`simple_gla_fwd_mosaic`) or ``"auto"`` (:data:`DEFAULT_FORWARD`: fused,
+            except two-pass under differentiation on rows with sequence pieces;
+            :func:`resolve_forward`); the backward is the same either way.
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -1576,7 +1605,10 @@ def _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret,
 
 
 def _simple_gla_mosaic_fwd(q, k, v, g, initial_state, segment_ids, scale, interpret, forward):
-    out = _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret, forward)
+    forward = resolve_forward(forward, k.shape[0], k.shape[1], v.shape[2], v.shape[3],
+                              differentiated=True)
+    out = simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
+                                segment_ids=segment_ids, forward=forward, interpret=interpret)
     return out, (q, k, v, g, initial_state, segment_ids)
 
 

@@ -181,6 +181,45 @@ class LoweringTest(parameterized.TestCase):
         self.assertIn("simple_gla_fused_fwd", text)
         self.assertNotIn("simple_gla_chunk_output", text)
 
+    def test_auto_forward_under_grad_on_rows_with_pieces_lowers_to_two_pass(self):
+        """The default ``forward="auto"`` (MOSAIC_GPU.md Sec. 50.1): rows split into sequence
+        pieces (2 CTAs, 16 chunks: 4 pieces) run the two-pass forward under differentiation,
+        whose state pass XLA shares with the backward's (3 Mosaic kernels, no fused one);
+        the primal alone runs the fused kernel (with the pieces' state pass: 2)."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 1024, 2, 2, 64, 64, decay=0.2, h0=True,
+                                                 docs=(70, 600))
+
+        def run(q, k, v, g, state):
+            return kmg.simple_gla_mosaic(q, k, v, g, initial_state=state, segment_ids=seg)
+
+        def loss(q, k, v, g, state):
+            o, final = run(q, k, v, g, state)
+            return jnp.sum(o.astype(jnp.float32)) + jnp.sum(final)
+
+        text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))).trace(
+            q, k, v, g, state).lower(lowering_platforms=("cuda",)).as_text()
+        self.assertIn("simple_gla_chunk_output", text)
+        self.assertNotIn("simple_gla_fused_fwd", text)
+        text = jax.jit(run).trace(q, k, v, g, state).lower(
+            lowering_platforms=("cuda",)).as_text()
+        self.assertIn("simple_gla_fused_fwd", text)
+        self.assertNotIn("simple_gla_chunk_output", text)
+
+
+class ResolveForwardTest(absltest.TestCase):
+
+    def test_auto_is_fused_except_differentiated_rows_with_pieces(self):
+        s1, p1 = (8, 4096, 16, 128), (1, 32768, 16, 128)  # B, T, H, V: 256 CTAs; 32 CTAs
+        self.assertEqual(kmg.resolve_forward("auto", *s1, differentiated=False), "fused")
+        self.assertEqual(kmg.resolve_forward("auto", *p1, differentiated=False), "fused")
+        self.assertEqual(kmg.resolve_forward("auto", *s1, differentiated=True), "fused")
+        self.assertEqual(kmg.resolve_forward("auto", *p1, differentiated=True), "two_pass")
+        for forward in ("two_pass", "fused"):  # as given
+            self.assertEqual(kmg.resolve_forward(forward, *p1, differentiated=True), forward)
+        self.assertEqual(kmg.DEFAULT_FORWARD, "auto")
+        with self.assertRaisesRegex(ValueError, "forward must be one of"):
+            kmg.resolve_forward("one_pass", *s1, differentiated=False)
+
 
 class ValidationTest(absltest.TestCase):
 

@@ -253,9 +253,12 @@ class ApiLoweringTest(absltest.TestCase):
         with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
             text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).trace(
                 q, k, v, state).lower(lowering_platforms=("cuda",)).as_text()
-        for name in ("simple_gla_chunk_states", "simple_gla_chunk_output",
+        # whole rows (4 chunks: no sequence pieces): forward="auto" runs the fused forward
+        # under differentiation too, and the backward recomputes the states
+        for name in ("simple_gla_fused_fwd", "simple_gla_chunk_states",
                      "simple_gla_chunk_dstates", "simple_gla_chunk_grads"):
             self.assertIn(name, text)
+        self.assertNotIn("simple_gla_chunk_output", text)
         self.assertNotIn("gdn_forward", text)  # the Triton kernels' names
 
 
