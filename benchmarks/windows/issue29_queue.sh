@@ -82,6 +82,8 @@
 #               fwd+bwd (decision rule in Sec. 50)
 #   lgt_ftests 200  the fused forward's gpu tests (kernel_mosaic_gpu_fused_test.py, never run)
 #   mix 470     for a short budget: lgt_fused at S1 and P1 only, then dhw's bench (S1, no tests)
+#   pskip 420   Sec. 52: GDN at P1 and S2 with --mosaic_piece_skip (jla beside) and without, two
+#               processes, then PieceSkipGpuTest (decision rule in Sec. 52)
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -92,19 +94,20 @@
 # cw_tests, cw_grad, approx and cw_slab on 2026-12-07c, approx, cw_tests, kda_dvw, swiglu and
 # k2floor's gpu tests (its bench ran out of device time) on 2026-12-07d, kda_dvw, norm_ab and
 # dvn_hf on 2026-12-07e, tab_gdn and tab_kda (S1, S2), tab_gdn2 (S1, S2) and tab_lgt on
-# 2026-12-07f: pages
-# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d,07e,07f}.md);
+# 2026-12-07f, mix and lgt_ftests on 2026-12-07g: pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d,07e,07f,07g}.md);
 # name items to run others.
-# Order (after 2026-12-07f, MOSAIC_GPU.md Sec. 49, 50): KDA's table (Sec. 49.1's rule for
-# prepare at P1), Lightning's fused forward and its gpu tests (Sec. 50), DeltaNet's table and
-# its auto decision (tab_dn, which times what autooff_dn timed, at three shapes); then by name
-# GDN-2's (tab_gdn2: P1 never timed) and the fla column (tab_fla); one item per call (give each its
-# estimate + 35 s: the wheels' install comes first on a fresh machine). Then the 350M throughput
-# (tp350; TP_MB=16 on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
+# Order (after 2026-12-07g, MOSAIC_GPU.md Sec. 50-52): dhw (W from T0 in the reverse pass: the
+# 12-07g timing met Sec. 51's rule, its gate and gpu tests are what is left), pskip (Sec. 52),
+# KDA's table (Sec. 49.1's rule for prepare at P1), DeltaNet's table and its auto decision
+# (tab_dn); then by name tab_lgt (Lightning with forward="auto", Sec. 50.1), tab_gdn2 (P1 never
+# timed) and the fla column (tab_fla); one item per call (give each its estimate + 35 s: the
+# wheels' install comes first on a fresh machine). Then the 350M throughput (tp350; TP_MB=16
+# on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-tab_kda lgt_fused lgt_ftests tab_dn}
+ITEMS=${*:-dhw pskip tab_kda tab_dn}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -126,7 +129,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
-  lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;;
+  lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -619,6 +622,22 @@ run_mix() {  # for a short budget: Lightning's fused forward (Sec. 50) at S1 and
   echo "dhw bench rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate' $O/mix/dhw.log | cut -c1-300
   gdn_show $O/mix/dhw.log
+}
+run_pskip() {  # Sec. 52: sequence pieces skip what a document start cuts, on and off
+  mkdir -p $O/pskip; local s=$SECONDS
+  timeout 150 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla \
+    --passes=fwdbwd,fwd --shapes=P1,S2 --mosaic_piece_skip --breakdown_top=16 --iters=30 \
+    --warmup=5 --out=$O/pskip/on > $O/pskip/on.log 2>&1
+  echo "skip on rc=$? t=$((SECONDS-s))s"
+  timeout 120 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic \
+    --passes=fwdbwd,fwd --shapes=P1,S2 --nomosaic_piece_skip --breakdown_top=16 --iters=30 \
+    --warmup=5 --out=$O/pskip/off > $O/pskip/off.log 2>&1
+  echo "skip off rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/pskip/*.log | cut -c1-300
+  tab_show $O/pskip/*.jsonl
+  timeout $((410 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider \
+    $T/kernel_mosaic_gdn_piece_skip_test.py > $O/pskip/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"; tail -15 $O/pskip/tests.log | cut -c1-300
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

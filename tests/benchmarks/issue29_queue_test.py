@@ -31,7 +31,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
          "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla lgt_fused "
-         "lgt_ftests dhw mix").split()
+         "lgt_ftests dhw mix pskip").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -248,9 +248,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # the order after 2026-12-07f (MOSAIC_GPU.md Sec. 49, 50): KDA's P1 rule, Lightning's
-        # fused forward (never timed) and its gpu tests, DeltaNet's table
-        self.assertEqual(default, ["tab_kda", "lgt_fused", "lgt_ftests", "tab_dn"])
+        # the order after 2026-12-07g (MOSAIC_GPU.md Sec. 50-52): W from T0's gate and gpu
+        # tests, the pieces' skip, KDA's P1 rule, DeltaNet's table
+        self.assertEqual(default, ["dhw", "pskip", "tab_kda", "tab_dn"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
@@ -336,7 +336,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
-        self.assertLen(argvs, 6)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw
+        self.assertLen(argvs, 7)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw, pskip
         selections = []
         for argv in argvs:
             keep, i = [], 0
