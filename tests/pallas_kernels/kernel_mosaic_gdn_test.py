@@ -67,7 +67,6 @@ def _expand(x, heads):
     return jnp.repeat(x.astype(jnp.float32), heads // x.shape[2], axis=2)
 
 
-@functools.partial(jax.jit, static_argnames=("scale",))
 def _reference(q, k, v, g, beta, state, seg, scale):
     """``(o, final_state, u)`` of the fp32 token-serial reference."""
     heads = v.shape[2]
@@ -76,7 +75,6 @@ def _reference(q, k, v, g, beta, state, seg, scale):
         initial_state=state, segment_ids=seg)
 
 
-@jax.jit
 def _reference_chunk_states(k, v, g, beta, state, seg):
     """``[B, H, N, K, V]`` states entering each chunk, from the reference run on prefixes."""
     heads, dk, dv = v.shape[2], k.shape[3], v.shape[3]
@@ -225,12 +223,6 @@ def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
     return chunk_form_with_residuals(q, k, w, u, g, seg, h0, e, f, scale)[0]
 
 
-# The chunk-form references below are pure ``jnp`` code with Python loops over chunks: eager,
-# each ran as hundreds of op dispatches; jitted (``scale`` static) each is one program.
-_jit_scale = functools.partial(jax.jit, static_argnames=("scale",))
-
-
-@_jit_scale
 def chunk_form_with_residuals(q, k, w, u, g, seg, h0, e, f, scale):
     """:func:`_chunk_form` that also returns what the backward kernels read: ``((o,
     final_state), (h, v_new))`` with ``h`` ``[B, H, N, K, V]`` the states entering each chunk
@@ -259,7 +251,6 @@ def chunk_form_with_residuals(q, k, w, u, g, seg, h0, e, f, scale):
     return (o, s), (jnp.stack(states, axis=2), v_new)
 
 
-@_jit_scale
 def _dv_local(q, k, g, seg, do, scale):
     """``scale (Q K^T * D)^T dO`` per chunk (fp32): ``v_new``'s gradient through its own
     chunk's read-out, the kernel's ``dv_local`` input."""
@@ -275,7 +266,6 @@ def _dv_local(q, k, g, seg, do, scale):
     return jnp.concatenate(out, axis=1)[:, :seq_len]
 
 
-@_jit_scale
 def _reference_dh(q, k, w, g, seg, do, dht, scale):
     """``(dh, dv_new, dh0)`` of the chunk form by ``jax.vjp`` (fp32; ``dht=None``: zeros)."""
     batch, seq_len, heads, dk = k.shape
