@@ -15,6 +15,9 @@ same rounding to the input dtype), also with a sequence split (``pieces``). ``Lo
 lowers the kernel for CUDA on the CPU host (the layout branch interpret mode replaces), in CI.
 ``GpuTest`` (marked ``gpu``; skipped without a Hopper-or-newer GPU) compiles the kernel and
 checks it against the reference and against the two-pass forward at longer rows.
+``ResidualHFastTest`` (a few seconds) and ``ResidualHInterpretTest`` (slow) check
+``simple_gla_mosaic(residual_h=True)``, the fused forward's ``h`` as the backward's residual
+(MOSAIC_GPU.md Sec. 54): gradients bitwise the default path's, sequence pieces included.
 
 A failing interpreted kernel may hang instead of raising; run a single test to see its traceback.
 """
