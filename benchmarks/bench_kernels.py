@@ -38,6 +38,8 @@ another order of the output warpgroup (the default is ``readout_first``; Sec. 16
 ``--mosaic_t0_split_state_layout=vk,kv`` the state warpgroup carrying ``S^T`` and the default
 layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the read-out's
 ``Q S_c`` on its own barrier (Sec. 40).
+``--mosaic_gla_residual_h`` (op lightning, pass fwdbwd) keeps the fused forward's chunk
+states as the backward's residual instead of recomputing them (Sec. 54).
 ``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
 backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
 kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
@@ -114,6 +116,15 @@ _MOSAIC_FORWARD = flags.DEFINE_string(
     "unset: each op's "
     "default. "
     "Recorded with every mosaic record.")
+_MOSAIC_GLA_RESIDUAL_H = flags.DEFINE_bool(
+    "mosaic_gla_residual_h", None,
+    "Peer mosaic, op lightning, pass fwdbwd: the residual_h= of simple_gla_mosaic: on, the "
+    "fused forward stores its chunk states h and the backward uses them instead of "
+    "recomputing them with chunk_states_mosaic (MOSAIC_GPU.md Sec. 54; applies where the "
+    "forward resolves to fused under differentiation: --mosaic_forward=fused, or the default "
+    "auto on rows without sequence pieces); unset: kernel_mosaic_gpu.RESIDUAL_H (off). "
+    "Recorded with every mosaic lightning record (mosaic_gla_residual_h: the value in force, "
+    "mosaic_forward_run: the forward the fwd or fwdbwd pass resolved to).")
 _MOSAIC_T0_PIECES = flags.DEFINE_bool(
     "mosaic_t0_pieces", None,
     "Peer mosaic, gdn and deltanet: set mosaic_vjp.FUSED_T0_PIECES for this process: on, the "
@@ -341,7 +352,8 @@ def _jax_fn(op, peer, segment_ids):
                     segment_ids=segment_ids, **forward, **backward)[0]
             g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
             return kmg.simple_gla_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
-                                         segment_ids=segment_ids, **forward)[0]
+                                         segment_ids=segment_ids,
+                                         residual_h=_MOSAIC_GLA_RESIDUAL_H.value, **forward)[0]
         return fn
     impl = None if peer == "ours" else "chunked"
     kw = dict(segment_ids=segment_ids, implementation=impl)
@@ -575,6 +587,28 @@ def _check_mosaic_forward():
         if op in forwards and _MOSAIC_FORWARD.value not in forwards[op]:
             raise app.UsageError(f"--mosaic_forward={_MOSAIC_FORWARD.value}: op {op} takes "
                                  f"one of {', '.join(forwards[op])}")
+
+
+def _check_mosaic_gla_residual_h():
+    """``--mosaic_gla_residual_h`` (either value) where it would apply, before anything runs:
+    peer mosaic, op lightning, pass fwdbwd, a forward that can resolve to fused (refused
+    with ``--mosaic_forward=two_pass``, whose state pass the backward already shares)."""
+    value = _MOSAIC_GLA_RESIDUAL_H.value
+    if value is None:
+        return
+    named = "--mosaic_gla_residual_h" if value else "--nomosaic_gla_residual_h"
+    if "mosaic" not in _PEERS.value:
+        raise app.UsageError(f"{named} applies to peer mosaic only "
+                             f"(--peers={','.join(_PEERS.value)})")
+    if "lightning" not in _OPS.value:
+        raise app.UsageError(f"{named} applies to op lightning only "
+                             f"(--ops={','.join(_OPS.value)})")
+    if "fwdbwd" not in _PASSES.value:
+        raise app.UsageError(f"{named} applies to pass fwdbwd only "
+                             f"(--passes={','.join(_PASSES.value)})")
+    if _MOSAIC_FORWARD.value == "two_pass":
+        raise app.UsageError(f"{named} applies to the fused forward (--mosaic_forward=fused or "
+                             f"auto), not --mosaic_forward=two_pass")
 
 
 def _apply_mosaic_t0():
@@ -912,6 +946,16 @@ def run_jax(records):
                             rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                             rec["mosaic_t0_pieces"] = mosaic_vjp.FUSED_T0_PIECES
                             rec["mosaic_piece_skip"] = mosaic_vjp.PIECE_SKIP
+                        if peer == "mosaic" and op == "lightning":
+                            from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+                            # the value in force, and the forward the pass resolved to
+                            # (kmg.resolve_forward; residual_h acts only where it is "fused")
+                            rec["mosaic_gla_residual_h"] = (
+                                kmg.RESIDUAL_H if _MOSAIC_GLA_RESIDUAL_H.value is None
+                                else _MOSAIC_GLA_RESIDUAL_H.value)
+                            rec["mosaic_forward_run"] = kmg.resolve_forward(
+                                _MOSAIC_FORWARD.value or kmg.DEFAULT_FORWARD, batch, seq_len,
+                                heads, _DIM.value, differentiated=pas == "fwdbwd")
                         if (peer == "mosaic" and op in ("gdn", "deltanet")
                                 and _MOSAIC_WY.value != "xla"):
                             # what the op ran (unset: its default): a fused T0 forward on rows
@@ -1183,10 +1227,14 @@ def mosaic_lines(records):
 
     forwards = sorted({str(r.get("mosaic_forward")) for r in records if r["peer"] == "mosaic"
                        and r.get("mosaic_forward")})
+    residual_h = any(r["peer"] == "mosaic" and r.get("mosaic_gla_residual_h")
+                     for r in records)
     lines = ["", "Our Mosaic GPU kernels (peer `mosaic`, issue 29, called directly), against "
                  "the dispatched kernels and jla. Ratios > 1 mean the Mosaic GPU kernel is "
                  "faster." + (f" Forward: `{', '.join(forwards)}` (`--mosaic_forward`)."
-                              if forwards else ""), ""]
+                              if forwards else "")
+                 + (" Lightning's backward reuses the fused forward's `h` "
+                    "(`--mosaic_gla_residual_h`)." if residual_h else ""), ""]
     gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "mosaic"}
     for op, errs in gates.items():
         lines.append(f"- gate, {op} (mosaic vs the fp32 reference): " + ", ".join(
@@ -1350,6 +1398,7 @@ def main(argv):
             print("FLA_RECORD " + json.dumps(rec), flush=True)
         return
     _check_mosaic_forward()
+    _check_mosaic_gla_residual_h()
     _check_mosaic_backward()
     _check_channelwise_state_pass()
     _check_channelwise_grad_pass()

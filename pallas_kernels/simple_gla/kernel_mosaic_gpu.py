@@ -94,6 +94,11 @@ FORWARDS = ("two_pass", "fused", "auto")
 # differentiation 1.110 against 1.173 fwd+bwd at S1 but 1.416 against 1.376 at P1, where the
 # backward's state pass is no longer the forward's (XLA keeps one of two equal calls).
 DEFAULT_FORWARD = "auto"
+# simple_gla_mosaic's default residual_h (MOSAIC_GPU.md Sec. 54, CPU 2026-12-07g, not yet timed):
+# under differentiation with the fused forward, keep the forward's chunk states h (store_h) as
+# the backward's residual instead of recomputing them with chunk_states_mosaic. Expected on the
+# H100 at S1: the backward's state pass (0.196 ms) gone for h's TMA stores in the fused kernel.
+RESIDUAL_H = False
 
 
 def resolve_forward(forward: str, batch: int, seq_len: int, heads: int, dv: int,
@@ -1468,12 +1473,16 @@ def simple_gla_bwd_mosaic(
     initial_state: Optional[jax.Array] = None,
     final_state_grad: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
+    h: Optional[jax.Array] = None,
     interpret: bool = False,
 ):
     """Backward of scalar-decay linear attention from three Mosaic GPU kernels and XLA.
 
-    :func:`chunk_states_mosaic` recomputes the states ``h`` entering every chunk (and the
-    final state; stored in the input dtype), :func:`chunk_dstates_mosaic` gives the gradients
+    :func:`chunk_states_mosaic` recomputes the states ``h`` entering every chunk (stored in the
+    input dtype; its final state is not needed: ``chunk_grads_mosaic`` forms the boundary term
+    from ``h`` itself), unless the caller passes ``h`` (e.g. the fused forward's,
+    :func:`simple_gla_fused_fwd_mosaic` with ``store_h``, bitwise the same states; then only
+    two kernels run), :func:`chunk_dstates_mosaic` gives the gradients
     ``dS'`` of the states leaving every chunk (input dtype) and ``dh0``, and
     :func:`chunk_grads_mosaic` the per-value-head ``dq, dk, dv`` and the fp32 per-token terms of
     ``dg``. XLA then sums ``dq, dk`` over each GVA group (fp32) and reverse-cumsums ``dg``
@@ -1509,6 +1518,10 @@ def simple_gla_bwd_mosaic(
         initial_state: ``[B, H, K, V]`` or ``None`` (zeros), as in the forward.
         final_state_grad: ``[B, H, K, V]`` gradient of the final state, or ``None`` (zeros).
         segment_ids: optional int ``[B, T]`` (packed documents).
+        h: optional ``[B, H, N, K, V]`` states entering every chunk (``N = ceil(T / 64)``) in
+            the input dtype, as :func:`chunk_states_mosaic` with ``states_dtype=v.dtype``
+            returns them (or :func:`simple_gla_fused_fwd_mosaic` with ``store_h``); ``None``:
+            recomputed by :func:`chunk_states_mosaic`.
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -1517,19 +1530,27 @@ def simple_gla_bwd_mosaic(
         ``[B, H, K, V]`` fp32 (``None`` when ``initial_state`` is ``None``).
 
     Raises:
-        ValueError: as the three kernels.
+        ValueError: as the three kernels, or naming ``h`` when it is not ``[B, H, N, K, V]`` in
+            the input dtype.
     """
     if scale is None:
         scale = k.shape[-1] ** -0.5
     batch, seq_len, kv_heads, dk = k.shape
     heads = v.shape[2]
     group = heads // max(kv_heads, 1)
-    # h and dS' only feed wgmma operands (and the dg boundary term below): stored in the input
-    # dtype, dS' already shifted by the reverse pass (leaving=True), so no conversion or shift
-    # pass runs in XLA. The forward's chunk_states_mosaic call is identical, so XLA keeps one.
-    h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
-                                         segment_ids=segment_ids, states_dtype=v.dtype,
-                                         interpret=interpret)
+    if h is not None:
+        want = (batch, heads, -(-seq_len // CHUNK), dk, v.shape[3])
+        if h.shape != want or h.dtype != v.dtype:
+            raise ValueError(f"h must be [B, H, N, K, V] = {want} in the input dtype {v.dtype}, "
+                             f"got {h.shape=} {h.dtype=}")
+    else:
+        # h and dS' only feed wgmma operands (and the dg boundary term below): stored in the
+        # input dtype, dS' already shifted by the reverse pass (leaving=True), so no conversion
+        # or shift pass runs in XLA. The two-pass forward's chunk_states_mosaic call is
+        # identical, so XLA keeps one. Its final state is not needed here.
+        h, _ = chunk_states_mosaic(k, v, g, initial_state=initial_state,
+                                   segment_ids=segment_ids, states_dtype=v.dtype,
+                                   interpret=interpret)
     dh_next, dh0 = chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_state_grad,
                                         segment_ids=segment_ids, states_dtype=v.dtype,
                                         leaving=True, interpret=interpret)
@@ -1561,13 +1582,15 @@ def simple_gla_mosaic(
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
     forward: str = DEFAULT_FORWARD,
+    residual_h: Optional[bool] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """Differentiable scalar-decay linear attention on the Mosaic GPU kernels.
 
     ``o_t = scale q_t^T S_t``, ``S_t = exp(g_t) S_{t-1} + k_t v_t^T`` (reset at document
     starts), as :func:`simple_gla_fwd_mosaic`, with a ``jax.custom_vjp`` whose backward is
-    :func:`simple_gla_bwd_mosaic` (states recomputed, not saved: the residuals are the inputs).
+    :func:`simple_gla_bwd_mosaic` (states recomputed, not saved: the residuals are the inputs;
+    with ``residual_h`` and the fused forward, the forward's states ``h`` are saved too).
 
     Args:
         q, k: ``[B, T, Hk, K]`` bf16 or fp16; v: ``[B, T, H, V]`` same dtype; ``K, V`` in
@@ -1580,6 +1603,14 @@ def simple_gla_mosaic(
             :func:`simple_gla_fwd_mosaic`) or ``"auto"`` (:data:`DEFAULT_FORWARD`: fused,
             except two-pass under differentiation on rows with sequence pieces;
             :func:`resolve_forward`); the backward is the same either way.
+        residual_h: static; ``None`` means :data:`RESIDUAL_H` (off). On, and when the forward
+            resolves to ``"fused"`` under differentiation, the forward rule runs
+            :func:`simple_gla_fused_fwd_mosaic` with ``store_h`` and saves its chunk states
+            ``h`` (``[B, H, N, K, V]``, input dtype) as a residual, which the backward uses
+            instead of recomputing them (:func:`simple_gla_bwd_mosaic`'s ``h``): the same
+            states bitwise, so the same gradients bitwise. On rows with sequence pieces XLA
+            transposes ``h`` from per-piece rows (one extra pass over ``h``). No effect on the
+            primal alone or with the two-pass forward (whose state pass the backward shares).
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -1594,31 +1625,44 @@ def simple_gla_mosaic(
         raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
     if scale is None:
         scale = k.shape[-1] ** -0.5
+    residual_h = RESIDUAL_H if residual_h is None else bool(residual_h)
     return _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, float(scale), interpret,
-                              forward)
+                              forward, residual_h)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret, forward):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret, forward,
+                       residual_h):
+    del residual_h  # differentiation only
     return simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
                                  segment_ids=segment_ids, forward=forward, interpret=interpret)
 
 
-def _simple_gla_mosaic_fwd(q, k, v, g, initial_state, segment_ids, scale, interpret, forward):
+def _simple_gla_mosaic_fwd(q, k, v, g, initial_state, segment_ids, scale, interpret, forward,
+                           residual_h):
     forward = resolve_forward(forward, k.shape[0], k.shape[1], v.shape[2], v.shape[3],
                               differentiated=True)
-    out = simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
-                                segment_ids=segment_ids, forward=forward, interpret=interpret)
-    return out, (q, k, v, g, initial_state, segment_ids)
+    h = None
+    if residual_h and forward == "fused":  # the forward's states, bitwise the recomputed ones
+        o, final_state, h = simple_gla_fused_fwd_mosaic(
+            q, k, v, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+            store_h=True, interpret=interpret)
+        out = (o, final_state)
+    else:
+        out = simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
+                                    segment_ids=segment_ids, forward=forward,
+                                    interpret=interpret)
+    return out, (q, k, v, g, initial_state, segment_ids, h)
 
 
-def _simple_gla_mosaic_bwd(scale, interpret, forward, residuals, cotangents):
-    del forward  # the backward recomputes the states with chunk_states_mosaic either way
-    q, k, v, g, initial_state, segment_ids = residuals
+def _simple_gla_mosaic_bwd(scale, interpret, forward, residual_h, residuals, cotangents):
+    # h: the fused forward's states (residual_h), or None: recomputed by chunk_states_mosaic
+    del forward, residual_h
+    q, k, v, g, initial_state, segment_ids, h = residuals
     do, dht = cotangents
     dq, dk, dv, dg, dh0 = simple_gla_bwd_mosaic(
         q, k, v, g, do.astype(v.dtype), scale=scale, initial_state=initial_state,
-        final_state_grad=dht, segment_ids=segment_ids, interpret=interpret)
+        final_state_grad=dht, segment_ids=segment_ids, h=h, interpret=interpret)
     dg = None if g is None else dg.astype(g.dtype)
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
     return dq, dk, dv, dg, dh0, None

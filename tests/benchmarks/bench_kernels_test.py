@@ -378,6 +378,48 @@ class MarkdownTest(absltest.TestCase):
             with self.assertRaisesRegex(app.UsageError, "applies to peer mosaic only"):
                 bench_kernels._check_mosaic_forward()
 
+    def test_mosaic_gla_residual_h_refused_where_it_would_not_apply(self):
+        from absl import app, flags
+        from absl.testing import flagsaver
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        base = dict(peers=["mosaic"], ops=["lightning"], passes=["fwdbwd"])
+        refused = (
+            (dict(peers=["ours", "jla"]), "mosaic_gla_residual_h applies to peer mosaic only"),
+            (dict(ops=["gdn"]), "applies to op lightning only"),
+            (dict(passes=["fwd"]), "applies to pass fwdbwd only"),
+            (dict(mosaic_forward="two_pass"), "not --mosaic_forward=two_pass"),
+        )
+        for value in (True, False):
+            for extra, message in refused:
+                with flagsaver.flagsaver(**{**base, **extra}, mosaic_gla_residual_h=value):
+                    with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                        with self.assertRaisesRegex(app.UsageError, message):
+                            bench_kernels.main([])
+                    self.assertFalse(run.called)
+        for forward in (None, "fused", "auto"):
+            with flagsaver.flagsaver(**base, mosaic_forward=forward, mosaic_gla_residual_h=True):
+                bench_kernels._check_mosaic_gla_residual_h()
+
+    def test_mosaic_gla_residual_h_reaches_simple_gla_mosaic(self):
+        from absl import flags
+        from absl.testing import flagsaver
+        from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        x = np.zeros((1, 64, 1, 64), np.float32)
+        for value in (None, True):
+            with flagsaver.flagsaver(mosaic_gla_residual_h=value, mosaic_forward="fused"):
+                with absltest.mock.patch.object(kmg, "simple_gla_mosaic",
+                                                return_value=(x, None)) as fn:
+                    bench_kernels._jax_fn("lightning", "mosaic", None)(
+                        x, x, x, g_gamma=np.zeros((1,), np.float32))
+            self.assertIs(fn.call_args.kwargs["residual_h"], value)
+            self.assertEqual(fn.call_args.kwargs["forward"], "fused")
+        recs = [dict(peer="mosaic", op="lightning", shape="S1", pass_="fwdbwd", ms=0.5,
+                     kernel_ms=0.2, gate_errors={}, mosaic_gla_residual_h=True)]
+        self.assertIn("(`--mosaic_gla_residual_h`)", "\n".join(bench_kernels.mosaic_lines(recs)))
+
     def test_mosaic_forward_reaches_the_xla_wy_path(self):
         # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.
         from absl import flags

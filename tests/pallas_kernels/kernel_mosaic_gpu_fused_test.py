@@ -15,6 +15,9 @@ same rounding to the input dtype), also with a sequence split (``pieces``). ``Lo
 lowers the kernel for CUDA on the CPU host (the layout branch interpret mode replaces), in CI.
 ``GpuTest`` (marked ``gpu``; skipped without a Hopper-or-newer GPU) compiles the kernel and
 checks it against the reference and against the two-pass forward at longer rows.
+``ResidualHFastTest`` (a few seconds) and ``ResidualHInterpretTest`` (slow) check
+``simple_gla_mosaic(residual_h=True)``, the fused forward's ``h`` as the backward's residual
+(MOSAIC_GPU.md Sec. 54): gradients bitwise the default path's, sequence pieces included.
 
 A failing interpreted kernel may hang instead of raising; run a single test to see its traceback.
 """
@@ -123,6 +126,66 @@ class InterpretTest(parameterized.TestCase):
         np.testing.assert_array_equal(final, final2)
 
 
+def _residual_h_grads(q, k, v, g, state, seg, do, *, residual_h, forward="fused",
+                      interpret=True):
+    """``(dq, dk, dv, dg, dh0)`` of ``simple_gla_mosaic`` (a ``jax.vjp`` with output gradient
+    ``do`` and a final-state gradient of ones) with the given ``residual_h``."""
+    def fwd(q, k, v, g, h0):
+        return kmg.simple_gla_mosaic(q, k, v, g, initial_state=h0, segment_ids=seg,
+                                     forward=forward, residual_h=residual_h,
+                                     interpret=interpret)
+    (_, final), vjp = jax.vjp(fwd, q, k, v, g, state)
+    return vjp((do, jnp.ones_like(final)))
+
+
+def _check_residual_h_bitwise(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs):
+    """``residual_h=True`` against the default (states recomputed): the fused forward's ``h``
+    is bitwise the state pass's, so every gradient is bitwise the same."""
+    q, k, v, g, state, seg = kmg_test.inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                             decay=decay, h0=h0, docs=docs)
+    do = jnp.asarray(np.random.default_rng(1).standard_normal(v.shape), v.dtype)
+    got = _residual_h_grads(q, k, v, g, state, seg, do, residual_h=True)
+    want = _residual_h_grads(q, k, v, g, state, seg, do, residual_h=False)
+    for name, x, w in zip(("dq", "dk", "dv", "dg", "dh0"), got, want):
+        if w is None:
+            test.assertIsNone(x, msg=name)
+            continue
+        test.assertEqual((x.shape, x.dtype), (w.shape, w.dtype), msg=name)
+        np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(w, np.float32),
+                                      err_msg=name)
+
+
+class ResidualHFastTest(absltest.TestCase):
+    """``simple_gla_mosaic(residual_h=True)``: one small interpreted case (a few seconds; the
+    others are ``ResidualHInterpretTest``, slow). Run with ``PJRT_NPROC=8``."""
+
+    def test_grads_bitwise_default(self):
+        # one row, one head, 2 chunks, the last partial; a start at 40, h0, decay
+        _check_residual_h_bitwise(self, 1, 100, 1, 1, 64, 64, 0.1, True, (40,))
+
+
+@pytest.mark.slow
+class ResidualHInterpretTest(parameterized.TestCase):
+    """``residual_h=True`` gradients (dq, dk, dv, dg, dh0) bitwise the default path's:
+    documents, GVA, ``h0``, a partial last chunk, and rows with sequence pieces."""
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, h0, document lengths (the rest is one more document)
+        ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 36, 30)),
+        ("no_decay_T128_K128_V64", 2, 128, 1, 1, 128, 64, None, False, None),
+        ("gva4_2_decay_packed_T130_K64_V64", 1, 130, 4, 2, 64, 64, 0.2, True, (10, 60)),
+    )
+    def test_grads_bitwise_default(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                   docs):
+        _check_residual_h_bitwise(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs)
+
+    def test_grads_bitwise_default_with_sequence_pieces(self):
+        # 1 CTA, 8 chunks: num_pieces picks 2 pieces for the fused forward (h transposed from
+        # per-piece rows) and for the default path's recomputing state pass alike.
+        self.assertEqual(kmg.mosaic_gpu_lib.num_pieces(None, 1, 8), 2)
+        _check_residual_h_bitwise(self, 1, 500, 1, 1, 64, 64, 0.05, True, (100, 28, 200))
+
+
 class LoweringTest(parameterized.TestCase):
     """CUDA lowering on the CPU host (CI): the WGMMA-layout branch of every helper, the three
     warpgroups' register budgets as requested, the SMEM tiles' swizzles and the 16-bit
@@ -205,6 +268,54 @@ class LoweringTest(parameterized.TestCase):
         self.assertIn("simple_gla_fused_fwd", text)
         self.assertNotIn("simple_gla_chunk_output", text)
 
+    def test_residual_h_under_grad_lowers_without_the_state_pass(self):
+        """``residual_h=True`` with the fused forward under ``jax.value_and_grad`` on whole
+        rows: the fused kernel (storing ``h``), the reverse pass and the gradients kernel, and
+        no ``simple_gla_chunk_states`` kernel (the default path has one more: 4)."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 130, 2, 2, 64, 64, decay=0.2, h0=True,
+                                                 docs=(70,))
+
+        def lowered(residual_h, forward="fused"):
+            def loss(q, k, v, g, state):
+                o, final = kmg.simple_gla_mosaic(q, k, v, g, initial_state=state,
+                                                 segment_ids=seg, forward=forward,
+                                                 residual_h=residual_h)
+                return jnp.sum(o.astype(jnp.float32)) + jnp.sum(final)
+            return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))).trace(
+                q, k, v, g, state).lower(lowering_platforms=("cuda",)).as_text()
+
+        text = lowered(True)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 3)
+        self.assertIn("simple_gla_fused_fwd", text)
+        self.assertNotIn("simple_gla_chunk_states", text)
+        self.assertNotIn("simple_gla_chunk_output", text)
+        text = lowered(False)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 4)
+        self.assertIn("simple_gla_chunk_states", text)
+        # "auto" on these whole rows is fused: the option applies there too.
+        self.assertNotIn("simple_gla_chunk_states", lowered(True, forward="auto"))
+        # two_pass: the option does nothing (the backward shares the forward's state pass).
+        self.assertIn("simple_gla_chunk_states", lowered(True, forward="two_pass"))
+
+    def test_residual_h_with_sequence_pieces_lowers_for_cuda(self):
+        """``residual_h=True``, ``forward="fused"`` on rows with pieces (2 CTAs, 16 chunks):
+        the pieces' state pass (no ``h``), the fused kernel over the pieces storing ``h``, the
+        reverse pass (two launches with pieces) and the gradients kernel: 5 Mosaic calls, the
+        default path 7 (its backward's state pass, two launches with pieces, recomputes ``h``;
+        counted in the lowered text, before XLA optimises)."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 1024, 2, 2, 64, 64, decay=0.2, h0=True,
+                                                 docs=(70, 600))
+
+        def loss(q, k, v, g, state):
+            o, final = kmg.simple_gla_mosaic(q, k, v, g, initial_state=state, segment_ids=seg,
+                                             forward="fused", residual_h=True)
+            return jnp.sum(o.astype(jnp.float32)) + jnp.sum(final)
+
+        text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))).trace(
+            q, k, v, g, state).lower(lowering_platforms=("cuda",)).as_text()
+        self.assertIn("simple_gla_fused_fwd", text)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 5)
+
 
 class ResolveForwardTest(absltest.TestCase):
 
@@ -243,6 +354,13 @@ class ValidationTest(absltest.TestCase):
             kmg.simple_gla_fwd_mosaic(q, k, v, g, forward="one_pass")
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
             kmg.simple_gla_mosaic(q, k, v, g, forward="one_pass")
+
+    def test_bwd_rejects_bad_h(self):
+        q, k, v, g, _, _ = kmg_test.inputs(1, 100, 2, 1, 64, 64, decay=0.1, h0=False, docs=None)
+        good = jnp.zeros((1, 2, 2, 64, 64), v.dtype)
+        for bad in (good[:, :, :1], good.astype(jnp.float32)):
+            with self.assertRaisesRegex(ValueError, r"h must be \[B, H, N, K, V\]"):
+                kmg.simple_gla_bwd_mosaic(q, k, v, g, v, h=bad)
 
 
 @pytest.mark.gpu
@@ -327,6 +445,23 @@ class GpuTest(kmg_test.HopperTestCase):
         for name, x, w in zip(("dq", "dk", "dv", "dg", "dh0"), grads("fused"), grads("two_pass")):
             err = tolerances.rel_err(x, w)
             self.assertLess(err, 1e-6, msg=f"{name}: relative RMS error {err:.2e}")
+
+    def test_residual_h_grads_match_default(self):
+        """``residual_h=True`` (the fused forward's ``h`` as the backward's residual): the same
+        gradients as the default path (states recomputed), on a packed GVA row with ``h0``, and
+        on rows with sequence pieces (B 1, H 2, V 128: 4 CTAs)."""
+        for shape, docs, seed in (((2, 2000, 4, 2, 128, 128), (700, 1, 64), 4),
+                                  ((1, 8192, 2, 1, 128, 128), (1000, 1048, 3000), 6)):
+            q, k, v, g, state, seg = kmg_test.inputs(*shape, decay=0.05, h0=True, docs=docs,
+                                                     seed=seed)
+            do = jax.random.normal(jax.random.key(9), v.shape).astype(v.dtype)
+            got = _residual_h_grads(q, k, v, g, state, seg, do, residual_h=True,
+                                    interpret=False)
+            want = _residual_h_grads(q, k, v, g, state, seg, do, residual_h=False,
+                                     interpret=False)
+            for name, x, w in zip(("dq", "dk", "dv", "dg", "dh0"), got, want):
+                err = tolerances.rel_err(x, w)
+                self.assertLess(err, 1e-6, msg=f"{shape} {name}: relative RMS error {err:.2e}")
 
 
 if __name__ == "__main__":
