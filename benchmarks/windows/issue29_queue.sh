@@ -84,6 +84,8 @@
 #   mix 470     for a short budget: lgt_fused at S1 and P1 only, then dhw's bench (S1, no tests)
 #   pskip 420   Sec. 52: GDN at P1 and S2 with --mosaic_piece_skip (jla beside) and without, two
 #               processes, then PieceSkipGpuTest (decision rule in Sec. 52)
+#   lgt_rh 400  Sec. 54: Lightning fwd+bwd at S1 and P1, the fused forward keeping h for the
+#               backward (--mosaic_gla_residual_h) and not, two processes, then its gpu test
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -100,10 +102,10 @@
 # Order (after 2026-12-07g, MOSAIC_GPU.md Sec. 50-52): dhw (W from T0 in the reverse pass: the
 # 12-07g timing met Sec. 51's rule, its gate and gpu tests are what is left), pskip (Sec. 52),
 # KDA's table (Sec. 49.1's rule for prepare at P1), DeltaNet's table and its auto decision
-# (tab_dn); then by name tab_lgt (Lightning with forward="auto", Sec. 50.1), tab_gdn2 (P1 never
-# timed) and the fla column (tab_fla); one item per call (give each its estimate + 35 s: the
-# wheels' install comes first on a fresh machine). Then the 350M throughput (tp350; TP_MB=16
-# on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
+# (tab_dn); then by name lgt_rh (Sec. 54), tab_lgt (Lightning with forward="auto", Sec.
+# 50.1), tab_gdn2 (P1 never timed) and the fla column (tab_fla); one item per call (give each
+# its estimate + 35 s: the wheels' install comes first on a fresh machine). Then the 350M
+# throughput (tp350; TP_MB=16 on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
@@ -129,7 +131,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
-  lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;;
+  lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -638,6 +640,22 @@ run_pskip() {  # Sec. 52: sequence pieces skip what a document start cuts, on an
   timeout $((410 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider \
     $T/kernel_mosaic_gdn_piece_skip_test.py > $O/pskip/tests.log 2>&1
   echo "gpu tests rc=$? t=$((SECONDS-s))s"; tail -15 $O/pskip/tests.log | cut -c1-300
+}
+run_lgt_rh() {  # Sec. 54: the fused forward's h as the backward's residual, on and off
+  mkdir -p $O/lgt_rh; local s=$SECONDS
+  timeout 160 python3 benchmarks/bench_kernels.py --ops=lightning --peers=ours,mosaic,jla \
+    --passes=fwdbwd --shapes=S1,P1 --mosaic_forward=fused --mosaic_gla_residual_h \
+    --breakdown_top=16 --iters=30 --warmup=5 --out=$O/lgt_rh/on > $O/lgt_rh/on.log 2>&1
+  echo "residual h rc=$? t=$((SECONDS-s))s"
+  timeout 130 python3 benchmarks/bench_kernels.py --ops=lightning --peers=mosaic \
+    --passes=fwdbwd --shapes=S1,P1 --mosaic_forward=fused --breakdown_top=16 --iters=30 \
+    --warmup=5 --out=$O/lgt_rh/off > $O/lgt_rh/off.log 2>&1
+  echo "recomputed h rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/lgt_rh/*.log | cut -c1-300
+  tab_show $O/lgt_rh/*.jsonl
+  timeout $((390 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider \
+    -k residual_h $T/kernel_mosaic_gpu_fused_test.py > $O/lgt_rh/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"; tail -15 $O/lgt_rh/tests.log | cut -c1-300
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 
