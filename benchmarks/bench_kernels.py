@@ -39,7 +39,8 @@ another order of the output warpgroup (the default is ``readout_first``; Sec. 16
 layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the read-out's
 ``Q S_c`` on its own barrier (Sec. 40).
 ``--mosaic_gla_residual_h`` (op lightning, pass fwdbwd) keeps the fused forward's chunk
-states as the backward's residual instead of recomputing them (Sec. 54).
+states as the backward's residual instead of recomputing them (Sec. 54);
+``--mosaic_gla_stages=3`` gives its fused forward a three-stage TMA ring (Sec. 55).
 ``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
 backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
 kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
@@ -125,6 +126,13 @@ _MOSAIC_GLA_RESIDUAL_H = flags.DEFINE_bool(
     "auto on rows without sequence pieces); unset: kernel_mosaic_gpu.RESIDUAL_H (off). "
     "Recorded with every mosaic lightning record (mosaic_gla_residual_h: the value in force, "
     "mosaic_forward_run: the forward the fwd or fwdbwd pass resolved to).")
+_MOSAIC_GLA_STAGES = flags.DEFINE_integer(
+    "mosaic_gla_stages", None,
+    "Peer mosaic, op lightning: the depth of simple_gla_fused_fwd_mosaic's TMA input ring "
+    "(stages=, at least 2; 2 is the default, 3 fits the SMEM at K = V = 128; MOSAIC_GPU.md "
+    "Sec. 55), set in kernel_mosaic_gpu.FUSED_OPTIONS for this process; applies where the "
+    "forward resolves to fused (refused with --mosaic_forward=two_pass). Recorded with every "
+    "mosaic lightning record (mosaic_gla_stages: the value in force, null for the default).")
 _MOSAIC_T0_PIECES = flags.DEFINE_bool(
     "mosaic_t0_pieces", None,
     "Peer mosaic, gdn and deltanet: set mosaic_vjp.FUSED_T0_PIECES for this process: on, the "
@@ -589,6 +597,30 @@ def _check_mosaic_forward():
                                  f"one of {', '.join(forwards[op])}")
 
 
+def _check_mosaic_gla_stages():
+    """``--mosaic_gla_stages`` where it would apply, before anything runs (peer mosaic, op
+    lightning, a forward that can resolve to fused, at least 2), then set
+    ``kernel_mosaic_gpu.FUSED_OPTIONS["stages"]`` (removed when the flag is unset)."""
+    from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+    value = _MOSAIC_GLA_STAGES.value
+    kmg.FUSED_OPTIONS.pop("stages", None)
+    if value is None:
+        return
+    named = f"--mosaic_gla_stages={value}"
+    if value < 2:
+        raise app.UsageError(f"{named}: the ring needs at least 2 stages")
+    if "mosaic" not in _PEERS.value:
+        raise app.UsageError(f"{named} applies to peer mosaic only "
+                             f"(--peers={','.join(_PEERS.value)})")
+    if "lightning" not in _OPS.value:
+        raise app.UsageError(f"{named} applies to op lightning only "
+                             f"(--ops={','.join(_OPS.value)})")
+    if _MOSAIC_FORWARD.value == "two_pass":
+        raise app.UsageError(f"{named} applies to the fused forward (--mosaic_forward=fused or "
+                             f"auto), not --mosaic_forward=two_pass")
+    kmg.FUSED_OPTIONS["stages"] = value
+
+
 def _check_mosaic_gla_residual_h():
     """``--mosaic_gla_residual_h`` (either value) where it would apply, before anything runs:
     peer mosaic, op lightning, pass fwdbwd, a forward that can resolve to fused (refused
@@ -953,6 +985,7 @@ def run_jax(records):
                             rec["mosaic_gla_residual_h"] = (
                                 kmg.RESIDUAL_H if _MOSAIC_GLA_RESIDUAL_H.value is None
                                 else _MOSAIC_GLA_RESIDUAL_H.value)
+                            rec["mosaic_gla_stages"] = kmg.FUSED_OPTIONS.get("stages")
                             rec["mosaic_forward_run"] = kmg.resolve_forward(
                                 _MOSAIC_FORWARD.value or kmg.DEFAULT_FORWARD, batch, seq_len,
                                 heads, _DIM.value, differentiated=pas == "fwdbwd")
@@ -1399,6 +1432,7 @@ def main(argv):
         return
     _check_mosaic_forward()
     _check_mosaic_gla_residual_h()
+    _check_mosaic_gla_stages()
     _check_mosaic_backward()
     _check_channelwise_state_pass()
     _check_channelwise_grad_pass()

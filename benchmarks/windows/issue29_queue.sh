@@ -86,6 +86,8 @@
 #               processes, then PieceSkipGpuTest (decision rule in Sec. 52)
 #   lgt_rh 400  Sec. 54: Lightning fwd+bwd at S1 and P1, the fused forward keeping h for the
 #               backward (--mosaic_gla_residual_h) and not, two processes, then its gpu test
+#   lgt_st 320  Sec. 55: Lightning fwd and fwd+bwd at S1 and P1, ours (auto: the fused forward,
+#               2 stages) beside peer mosaic with a 3-stage ring (--mosaic_gla_stages=3) and jla
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -102,7 +104,7 @@
 # Order (after 2026-12-07g, MOSAIC_GPU.md Sec. 50-52): dhw (W from T0 in the reverse pass: the
 # 12-07g timing met Sec. 51's rule, its gate and gpu tests are what is left), pskip (Sec. 52),
 # KDA's table (Sec. 49.1's rule for prepare at P1), DeltaNet's table and its auto decision
-# (tab_dn); then by name lgt_rh (Sec. 54), tab_lgt (Lightning with forward="auto", Sec.
+# (tab_dn); then by name lgt_rh (Sec. 54), lgt_st (Sec. 55), tab_lgt (Lightning with forward="auto", Sec.
 # 50.1), tab_gdn2 (P1 never timed) and the fla column (tab_fla); one item per call (give each
 # its estimate + 35 s: the wheels' install comes first on a fresh machine). Then the 350M
 # throughput (tp350; TP_MB=16 on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
@@ -131,7 +133,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   kda_dvw) echo 340;; swiglu) echo 520;; k2floor) echo 230;; norm_ab) echo 500;;
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
-  lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;;
+  lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -656,6 +658,18 @@ run_lgt_rh() {  # Sec. 54: the fused forward's h as the backward's residual, on 
   timeout $((390 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider \
     -k residual_h $T/kernel_mosaic_gpu_fused_test.py > $O/lgt_rh/tests.log 2>&1
   echo "gpu tests rc=$? t=$((SECONDS-s))s"; tail -15 $O/lgt_rh/tests.log | cut -c1-300
+}
+run_lgt_st() {  # Sec. 55: the fused forward's TMA ring, 3 stages against 2, one process a shape
+  mkdir -p $O/lgt_st; local s=$SECONDS sh
+  for sh in S1 P1; do
+    timeout 155 python3 benchmarks/bench_kernels.py --ops=lightning --peers=ours,mosaic,jla \
+      --mosaic_forward=fused --mosaic_gla_stages=3 --passes=fwd,fwdbwd --shapes=$sh \
+      --breakdown_top=16 --iters=30 --warmup=5 --out=$O/lgt_st/$sh > $O/lgt_st/$sh.log 2>&1
+    echo "lightning $sh rc=$? t=$((SECONDS-s))s"
+  done
+  grep -a -h '^gate' $O/lgt_st/*.log | sort -u | cut -c1-300
+  tab_show $O/lgt_st/*.jsonl
+  python3 benchmarks/acceptance.py --ours=mosaic $O/lgt_st/*.jsonl
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

@@ -94,6 +94,10 @@ FORWARDS = ("two_pass", "fused", "auto")
 # differentiation 1.110 against 1.173 fwd+bwd at S1 but 1.416 against 1.376 at P1, where the
 # backward's state pass is no longer the forward's (XLA keeps one of two equal calls).
 DEFAULT_FORWARD = "auto"
+# Keyword arguments that simple_gla_fwd_mosaic and the custom_vjp pass to every
+# simple_gla_fused_fwd_mosaic call: empty (its defaults) unless a benchmark sets one, e.g.
+# {"stages": 3} (bench_kernels.py --mosaic_gla_stages; MOSAIC_GPU.md Sec. 55). Read at trace.
+FUSED_OPTIONS: dict = {}
 # simple_gla_mosaic's default residual_h (MOSAIC_GPU.md Sec. 54, CPU 2026-12-07g, not yet timed):
 # under differentiation with the fused forward, keep the forward's chunk states h (store_h) as
 # the backward's residual instead of recomputing them with chunk_states_mosaic. Expected on the
@@ -565,7 +569,8 @@ def simple_gla_fwd_mosaic(
         scale = k.shape[-1] ** -0.5
     if forward == "fused":
         return simple_gla_fused_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
-                                           segment_ids=segment_ids, interpret=interpret)
+                                           segment_ids=segment_ids, interpret=interpret,
+                                           **FUSED_OPTIONS)
     # h only feeds chunk_output_mosaic's wgmma: stored in the input dtype (no fp32 round trip).
     h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
                                          segment_ids=segment_ids, states_dtype=v.dtype,
@@ -1646,7 +1651,7 @@ def _simple_gla_mosaic_fwd(q, k, v, g, initial_state, segment_ids, scale, interp
     if residual_h and forward == "fused":  # the forward's states, bitwise the recomputed ones
         o, final_state, h = simple_gla_fused_fwd_mosaic(
             q, k, v, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
-            store_h=True, interpret=interpret)
+            store_h=True, interpret=interpret, **FUSED_OPTIONS)
         out = (o, final_state)
     else:
         out = simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,

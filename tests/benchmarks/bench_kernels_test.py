@@ -420,6 +420,41 @@ class MarkdownTest(absltest.TestCase):
                      kernel_ms=0.2, gate_errors={}, mosaic_gla_residual_h=True)]
         self.assertIn("(`--mosaic_gla_residual_h`)", "\n".join(bench_kernels.mosaic_lines(recs)))
 
+    def test_mosaic_gla_stages_refused_where_it_would_not_apply_and_reaches_the_kernel(self):
+        from absl import app, flags
+        from absl.testing import flagsaver
+        from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        base = dict(peers=["mosaic"], ops=["lightning"], mosaic_gla_stages=3)
+        refused = (
+            (dict(peers=["ours", "jla"]), "mosaic_gla_stages=3 applies to peer mosaic only"),
+            (dict(ops=["gdn"]), "applies to op lightning only"),
+            (dict(mosaic_forward="two_pass"), "not --mosaic_forward=two_pass"),
+            (dict(mosaic_gla_stages=1), "at least 2 stages"),
+        )
+        for extra, message in refused:
+            with flagsaver.flagsaver(**{**base, **extra}):
+                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                    with self.assertRaisesRegex(app.UsageError, message):
+                        bench_kernels.main([])
+                self.assertFalse(run.called)
+        self.assertNotIn("stages", kmg.FUSED_OPTIONS)
+        x = np.zeros((1, 64, 1, 64), np.float32)
+        try:
+            with flagsaver.flagsaver(**base, mosaic_forward="fused"):
+                bench_kernels._check_mosaic_gla_stages()
+                self.assertEqual(kmg.FUSED_OPTIONS, {"stages": 3})
+                with absltest.mock.patch.object(kmg, "simple_gla_fused_fwd_mosaic",
+                                                return_value=(x, None)) as fn:
+                    kmg.simple_gla_fwd_mosaic(x, x, x, None, forward="fused")
+                self.assertEqual(fn.call_args.kwargs["stages"], 3)
+            with flagsaver.flagsaver(mosaic_gla_stages=None):  # unset: the kernel's default
+                bench_kernels._check_mosaic_gla_stages()
+                self.assertEqual(kmg.FUSED_OPTIONS, {})
+        finally:
+            kmg.FUSED_OPTIONS.clear()
+
     def test_mosaic_forward_reaches_the_xla_wy_path(self):
         # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.
         from absl import flags
