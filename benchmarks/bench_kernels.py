@@ -609,16 +609,27 @@ def _check_mosaic_gla_stages():
     named = f"--mosaic_gla_stages={value}"
     if value < 2:
         raise app.UsageError(f"{named}: the ring needs at least 2 stages")
+    _require_lightning_fused(named)
+    kmg.FUSED_OPTIONS["stages"] = value
+
+
+def _require_lightning_fused(named, passes=()):
+    """Refuse the flag ``named`` (``app.UsageError``) unless peer mosaic, op lightning, each
+    of ``passes`` and a forward that can resolve to fused (not ``--mosaic_forward=two_pass``)
+    are chosen: the Lightning fused forward's flags (``--mosaic_gla_*``)."""
     if "mosaic" not in _PEERS.value:
         raise app.UsageError(f"{named} applies to peer mosaic only "
                              f"(--peers={','.join(_PEERS.value)})")
     if "lightning" not in _OPS.value:
         raise app.UsageError(f"{named} applies to op lightning only "
                              f"(--ops={','.join(_OPS.value)})")
+    for pas in passes:
+        if pas not in _PASSES.value:
+            raise app.UsageError(f"{named} applies to pass {pas} only "
+                                 f"(--passes={','.join(_PASSES.value)})")
     if _MOSAIC_FORWARD.value == "two_pass":
         raise app.UsageError(f"{named} applies to the fused forward (--mosaic_forward=fused or "
                              f"auto), not --mosaic_forward=two_pass")
-    kmg.FUSED_OPTIONS["stages"] = value
 
 
 def _check_mosaic_gla_residual_h():
@@ -629,18 +640,7 @@ def _check_mosaic_gla_residual_h():
     if value is None:
         return
     named = "--mosaic_gla_residual_h" if value else "--nomosaic_gla_residual_h"
-    if "mosaic" not in _PEERS.value:
-        raise app.UsageError(f"{named} applies to peer mosaic only "
-                             f"(--peers={','.join(_PEERS.value)})")
-    if "lightning" not in _OPS.value:
-        raise app.UsageError(f"{named} applies to op lightning only "
-                             f"(--ops={','.join(_OPS.value)})")
-    if "fwdbwd" not in _PASSES.value:
-        raise app.UsageError(f"{named} applies to pass fwdbwd only "
-                             f"(--passes={','.join(_PASSES.value)})")
-    if _MOSAIC_FORWARD.value == "two_pass":
-        raise app.UsageError(f"{named} applies to the fused forward (--mosaic_forward=fused or "
-                             f"auto), not --mosaic_forward=two_pass")
+    _require_lightning_fused(named, passes=("fwdbwd",))
 
 
 def _apply_mosaic_t0():
