@@ -325,6 +325,12 @@ def num_pieces(pieces: Optional[int], ctas: int, num_chunks: int) -> int:
     return best
 
 
+def row_pieces(batch: int, heads: int, dv: int, seq_len: int) -> int:
+    """The sequence pieces per row that the state passes choose for rows of ``seq_len``
+    tokens with ``batch * heads * dv / BLOCK_V`` CTAs (:func:`num_pieces`; 1: enough CTAs)."""
+    return num_pieces(None, batch * heads * (dv // BLOCK_V), -(-seq_len // CHUNK))
+
+
 def split_rows(x, pieces):
     """``[B, Tp, ...]`` to ``[B * P, Tp / P, ...]``: each row as ``P`` rows of consecutive
     chunks (a free reshape). The gate and document vectors are formed on whole rows first, so

@@ -172,15 +172,9 @@ def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int)
     state pass would run them as sequence pieces; :data:`FUSED_T0_FALLBACK`), else
     ``forward``."""
     if (not FUSED_T0_FALLBACK or forward not in ("fused_t0", "fused_t0_split")
-            or _row_pieces(batch, heads, dv, seq_len) == 1):
+            or mgl.row_pieces(batch, heads, dv, seq_len) == 1):
         return forward
     return forward if forward == "fused_t0" and FUSED_T0_PIECES else "three_pass"
-
-
-def _row_pieces(batch: int, heads: int, dv: int, seq_len: int) -> int:
-    """The sequence pieces per row that the state passes choose for these rows
-    (:func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces`; 1: enough CTAs)."""
-    return mgl.num_pieces(None, batch * heads * (dv // mgl.BLOCK_V), -(-seq_len // mgl.CHUNK))
 
 
 def fused_t0_pieces(forward: str, batch: int, heads: int, dv: int, seq_len: int) -> int:
@@ -191,7 +185,7 @@ def fused_t0_pieces(forward: str, batch: int, heads: int, dv: int, seq_len: int)
     makes it), else 1 (whole rows)."""
     if forward != "fused_t0" or not (FUSED_T0_FALLBACK and FUSED_T0_PIECES):
         return 1
-    return _row_pieces(batch, heads, dv, seq_len)
+    return mgl.row_pieces(batch, heads, dv, seq_len)
 
 
 def gated_delta_rule_mosaic(

@@ -122,8 +122,7 @@ def resolve_forward(forward: str, batch: int, seq_len: int, heads: int, dv: int,
         return forward
     if not differentiated:
         return "fused"
-    pieces = mosaic_gpu_lib.num_pieces(None, batch * heads * (dv // BLOCK_V), -(-seq_len // CHUNK))
-    return "fused" if pieces == 1 else "two_pass"
+    return "fused" if mosaic_gpu_lib.row_pieces(batch, heads, dv, seq_len) == 1 else "two_pass"
 
 
 def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
