@@ -685,8 +685,12 @@ def h200_note(entry: str, batch: int, seq_len: int, heads: int, dk: int, dv: int
 
 
 def module_kernel_name(module_text: str) -> Optional[str]:
-    """The kernel's name in a Mosaic GPU module (``func.func @<name>_mosaic_gpu``)."""
-    found = re.search(r"func\.func @(\w+?)_mosaic_gpu\b", module_text)
+    """The kernel's name in a Mosaic GPU module (``func.func @<name>_mosaic_gpu``, or
+    ``sym_name = "<name>_mosaic_gpu"`` in the generic op form that ``offline_ptxas_jax011``
+    captures)."""
+    found = (re.search(r"func\.func @(\w+?)_mosaic_gpu\b", module_text)
+             or re.search(r'"func\.func"\(\) <\{[^\n]*?sym_name = "(\w+?)_mosaic_gpu"',
+                          module_text))
     return found.group(1) if found else None
 
 
