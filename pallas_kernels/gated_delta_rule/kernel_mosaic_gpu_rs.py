@@ -74,6 +74,12 @@ from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 CHUNK = mgl.CHUNK
 BLOCK_V = mgl.BLOCK_V
 RS_STAGES = (2, 3)  # ring depths the kernel takes
+# Timing ablations (benchmarks/profile_fwd.py --rs_stages; MOSAIC_GPU.md Sec. 56): "full" is the
+# kernel; "state" keeps the state warpgroup's chain and the output warpgroup's Ag (the chain
+# needs it) but no read-out (o is not written); "readout" keeps the output warpgroup whole on a
+# chain frozen at the entry state with v_new = 0 (no state products): o = scale diag(conn e^G)
+# Q S_0 in every chunk and the final state is the entry state.
+RS_ABLATIONS = ("full", "state", "readout")
 _LOG2E = 1.4426950408889634
 _SMEM_LIMIT = 227 * 1024  # Hopper's dynamic SMEM per block
 _BARRIER_BYTES = 1024  # the barriers' SMEM, rounded up
@@ -104,9 +110,11 @@ def rs_ring_depth(dk: int, dtype) -> int:
     return max(fits) if fits else min(RS_STAGES)
 
 
-def rs_kernel_name(depth: int) -> str:
-    """The kernel's name (profiles list it apart): ``gdn_chunk_delta_fused_rs_fwd_s<depth>``."""
-    return f"gdn_chunk_delta_fused_rs_fwd_s{depth}"
+def rs_kernel_name(depth: int, ablation: str = "full") -> str:
+    """The kernel's name (profiles list it apart): ``gdn_chunk_delta_fused_rs_fwd_s<depth>``,
+    plus ``_abl_<ablation>`` for an ablation other than ``"full"``."""
+    return f"gdn_chunk_delta_fused_rs_fwd_s{depth}" + (
+        "" if ablation == "full" else f"_abl_{ablation}")
 
 
 def _acc_plus(init, lhs, rhs, interpret: bool):
@@ -128,7 +136,7 @@ def _acc_plus(init, lhs, rhs, interpret: bool):
 
 def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref, *rest,
                num_chunks: int, group: int, scale: float, has_h0: bool, depth: int,
-               interpret: bool):
+               interpret: bool, ablation: str = "full"):
     """Kernel body of :func:`chunk_delta_fused_rs_fwd_mosaic` (module docstring); refs are GMEM.
 
     ``rest`` = ``[h0_ref,] o_ref, ht_ref`` then the scratch: the ring (eleven tiles), the
@@ -138,7 +146,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     reads from registers or as transposed views (``kt0_s, kt1_s`` ``K^T`` for each consumer,
     ``p_s``, ``agt_s`` ``Ag^T``, ``st_s`` ``S``, ``vnt_s`` ``v_new``, ``sl_s``, ``xt_s``,
     ``vdt_s`` the state products' left operands). ``h0_ref`` and ``ht_ref`` are ``[B, H, V, K]``
-    (transposed by the wrapper).
+    (transposed by the wrapper). ``ablation``: :data:`RS_ABLATIONS`.
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -249,7 +257,23 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             plgpu.barrier_arrive(in_free.at[slot])  # k, v, Ag of the stage no longer read here
             return s_new
 
-        s = lax.fori_loop(0, num_chunks, step, s0)
+        def frozen_step(n, s):  # ablation="readout": S^T frozen, v_new^T = 0, no products
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+
+            @pl.when(n >= 2)
+            def _():
+                plgpu.barrier_wait(s_free.at[half])
+
+            sb_s.at[half][...] = s.astype(dtype)
+            vn_s.at[half][...] = mgl.zeros_acc(tile_t, interpret).astype(dtype)
+            plgpu.barrier_wait(in_bar.at[slot])
+            plgpu.barrier_wait(ag_ready.at[slot])
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s
+
+        s = lax.fori_loop(0, num_chunks, frozen_step if ablation == "readout" else step, s0)
         for n in range(max(num_chunks - 2, 0), num_chunks):  # the last publications were read
             plgpu.barrier_wait(s_free.at[n % 2])
         # state_s shares SMEM with sb_s on the GPU: free once both halves were read (above).
@@ -260,6 +284,35 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
         plgpu.set_max_registers(232, action="increase")
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
+        def form_ag(slot):
+            """The chunk's mask D (log2 units) and Ag_< over T0 (committed, ag_ready);
+            returns D and the rows of G (log2 units)."""
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret) * _LOG2E
+            g_j = mgl.load_cols(g_col_s.at[slot], interpret) * _LOG2E
+            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+            keep = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j, sq))
+            # masked before exp2: D <= 1, nothing overflows above the diagonal
+            decay = jnp.exp2(jnp.where(keep, mgl.by_row(g_i, sq) - by_col(g_j, sq), -jnp.inf))
+            beta_j = by_col(mgl.load_cols(b_col_s.at[slot], interpret), sq)
+            t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+            # Ag_<: T0 D diag(beta) below the diagonal, rounded once to 16 bits, over T0 (only
+            # this warpgroup reads T0, before this write); the diagonal is the state
+            # warpgroup's, in fp32.
+            t0_s.at[slot][...] = jnp.where(j < i, t0 * decay * beta_j, 0.0).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(ag_ready.at[slot])
+            return decay, g_i
+
+        def state_only_step(n, carry):  # ablation="state": Ag for the chain, no read-out
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+            plgpu.barrier_wait(in_bar.at[slot])
+            form_ag(slot)
+            plgpu.barrier_wait(s_ready.at[half])
+            plgpu.barrier_arrive(s_free.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            return carry
+
         def step(n, carry):
             slot, half = lax.rem(n, depth), lax.rem(n, 2)
             rows = pl.ds(n * CHUNK, CHUNK)
@@ -269,22 +322,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             def scores(acc):
                 plgpu.wgmma(acc, q_s.at[slot], k_t)  # Q K^T, [C, C]
                 # While it runs: the mask D once per chunk (for Ag here, for P below).
-                g_i = mgl.load_rows(g_row_s.at[slot], interpret) * _LOG2E
-                g_j = mgl.load_cols(g_col_s.at[slot], interpret) * _LOG2E
-                d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
-                d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
-                keep = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j, sq))
-                # masked before exp2: D <= 1, nothing overflows above the diagonal
-                decay = jnp.exp2(jnp.where(keep, mgl.by_row(g_i, sq) - by_col(g_j, sq),
-                                           -jnp.inf))
-                beta_j = by_col(mgl.load_cols(b_col_s.at[slot], interpret), sq)
-                t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
-                # Ag_<: T0 D diag(beta) below the diagonal, rounded once to 16 bits, over T0
-                # (only this warpgroup reads T0, before this write); the diagonal is the
-                # state warpgroup's, in fp32.
-                t0_s.at[slot][...] = jnp.where(j < i, t0 * decay * beta_j, 0.0).astype(dtype)
-                plgpu.commit_smem()
-                plgpu.barrier_arrive(ag_ready.at[slot])
+                decay, g_i = form_ag(slot)
                 return acc[...], decay, g_i
 
             qk, decay, g_i = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
@@ -310,7 +348,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
             return carry
 
-        lax.fori_loop(0, num_chunks, step, 0)
+        lax.fori_loop(0, num_chunks, state_only_step if ablation == "state" else step, 0)
         plgpu.wait_smem_to_gmem(0)
 
     # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
@@ -318,7 +356,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages"))
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages", "ablation"))
 def chunk_delta_fused_rs_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -332,6 +370,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
     segment_ids: Optional[jax.Array] = None,
     interpret: bool = False,
     stages: Optional[int] = None,
+    ablation: str = "full",
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
 ) -> Tuple[jax.Array, jax.Array]:
@@ -362,6 +401,11 @@ def chunk_delta_fused_rs_fwd_mosaic(
         interpret: Mosaic GPU interpret mode (CPU; slow, for tests).
         stages: the TMA ring's depth (static, one of :data:`RS_STAGES`), or ``None`` for
             :func:`rs_ring_depth` (3 at every supported shape).
+        ablation: a timing ablation (static, one of :data:`RS_ABLATIONS`; benchmarks only):
+            ``"full"`` (default) is the kernel; ``"state"`` returns an unwritten (arbitrary)
+            ``o`` and the final state; ``"readout"`` returns
+            ``o_t = scale conn_t e^{G_t} S_0^T q_t`` (``S_0`` in 16 bits, ``G`` chunk-local)
+            and the initial state. Kernel name :func:`rs_kernel_name`.
         gate_cumsum, doc_vecs: ``g``'s chunk-local cumsum (fp32 ``[B, H, Tp]``) and the
             document vectors (three fp32 ``[B, Tp]``) when the caller formed them already
             (``mosaic_vjp``), else ``None``.
@@ -376,13 +420,15 @@ def chunk_delta_fused_rs_fwd_mosaic(
         ValueError: as :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.
             check_fused_t0_inputs` (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``,
             ``g``, ``beta``, ``segment_ids``, ``initial_state``); ``stages`` not ``None`` or in
-            :data:`RS_STAGES`.
+            :data:`RS_STAGES`; ``ablation`` not in :data:`RS_ABLATIONS`.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     kfused.check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state)
     if stages is not None and stages not in RS_STAGES:
         raise ValueError(f"stages must be None or one of {RS_STAGES}, got {stages!r}")
+    if ablation not in RS_ABLATIONS:
+        raise ValueError(f"ablation must be one of {RS_ABLATIONS}, got {ablation!r}")
     depth = rs_ring_depth(dk, v.dtype) if stages is None else stages
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
@@ -418,7 +464,8 @@ def chunk_delta_fused_rs_fwd_mosaic(
             (BLOCK_V, dk), (BLOCK_V, CHUNK), (BLOCK_V, CHUNK))]  # sl, xt, vdt
     kernel = functools.partial(_rs_kernel, num_chunks=num_chunks, group=heads // kv_heads,
                                scale=float(scale), has_h0=initial_state is not None,
-                               depth=depth, interpret=interpret)
+                               depth=depth, interpret=interpret,
+                               **({} if ablation == "full" else {"ablation": ablation}))
     call = plgpu.kernel(
         kernel,
         out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
@@ -430,7 +477,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
         thread_name="wg",
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=rs_kernel_name(depth),
+        kernel_name=rs_kernel_name(depth, ablation),
     )
     # The kernel carries S^T: [B, H, V, K] in and out (transposed here, in XLA).
     h0 = () if initial_state is None else (

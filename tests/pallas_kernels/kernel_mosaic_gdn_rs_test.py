@@ -84,6 +84,21 @@ class RsTest(parameterized.TestCase):
             self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
             self.assertIn(krs.rs_kernel_name(stages or 3), text)
 
+    def test_ablations_export_with_their_names(self):
+        q, k, v, g, beta, state, seg = t0_test._inputs(1, 200, 2, 2, 128, 128, 0.2, True,
+                                                       (70, 30))
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+        for ablation in ("state", "readout"):
+            text = _export_text(
+                lambda *a: krs.chunk_delta_fused_rs_fwd_mosaic(  # noqa: B023
+                    *a[:6], scale=0.1, initial_state=a[6], segment_ids=a[7],
+                    ablation=ablation), q, k, v, t0, g, beta, state, seg)
+            self.assertIn(krs.rs_kernel_name(3, ablation), text)
+        self.assertEqual(krs.rs_kernel_name(2, "readout"),
+                         "gdn_chunk_delta_fused_rs_fwd_s2_abl_readout")
+        with self.assertRaisesRegex(ValueError, "ablation must be one of"):
+            krs.chunk_delta_fused_rs_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, ablation="io")
+
     def test_op_primal_runs_the_kernel_and_vjp_falls_back(self):
         q, k, v, g, beta, state, seg = t0_test._inputs(1, 200, 2, 1, 128, 128, 0.2, True,
                                                        (70, 30))
@@ -198,6 +213,35 @@ class RsInterpretTest(parameterized.TestCase):
             interpret=True)
         self.assertLess(tolerances.rel_err(o, o_vk), 1e-3)
         self.assertLess(tolerances.rel_err(final, final_vk), 1e-3)
+
+    def test_state_ablation_keeps_the_chain(self):
+        # ablation="state": the output warpgroup forms Ag only; the final state is the full
+        # kernel's, bit for bit.
+        case = _INTERPRET_CASES[0][1:-1]
+        (q, k, v, g, beta, state, seg), t0, (_, final) = _run_kernel(*case)
+        _, got = krs.chunk_delta_fused_rs_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=case[4] ** -0.5, initial_state=state, segment_ids=seg,
+            interpret=True, ablation="state")
+        self.assertTrue(bool(jnp.all(got == final)))
+
+    def test_readout_ablation_reads_out_the_entry_state(self):
+        # ablation="readout": S frozen at h0, v_new = 0: o_t = scale e^{G_t} S_0^T q_t (G
+        # chunk-local, no documents), the final state is h0.
+        batch, seq_len, heads, kv_heads, dk, dv = 1, 150, 2, 1, 64, 64
+        q, k, v, g, beta, state, _ = t0_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                     0.1, True, None)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, interpret=True)
+        o, final = krs.chunk_delta_fused_rs_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=0.125, initial_state=state, interpret=True,
+            ablation="readout")
+        self.assertTrue(bool(jnp.all(final == state)))
+        pad = -seq_len % 64
+        gp = jnp.pad(g, ((0, 0), (0, pad), (0, 0))).reshape(batch, -1, 64, heads)
+        decay = jnp.exp(jnp.cumsum(gp, axis=2)).reshape(batch, -1, heads)[:, :seq_len]
+        s0 = state.astype(jnp.bfloat16).astype(jnp.float32)
+        qh = jnp.repeat(q.astype(jnp.float32), heads // kv_heads, axis=2)
+        want = 0.125 * decay[..., None] * jnp.einsum("bthk,bhkv->bthv", qh, s0)
+        self.assertLess(tolerances.rel_err(o, want), 5e-3)
 
     def test_op_primal_matches_reference(self):
         q, k, v, g, beta, state, seg = t0_test._inputs(1, 150, 2, 1, 64, 128, 0.02, True,
