@@ -46,8 +46,11 @@ coupling of the warpgroups costs. The floors count the split kernel's products (
 
 ``--rs_stages=3`` (or 2) profiles ``forward="fused_rs"``'s kernel instead
 (``kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic`` with that ring depth; MOSAIC_GPU.md
-Sec. 56). It has no ablations: its one variant is ``full``, checked against float64 as above,
-so it can be timed beside the other kernels' ``full`` in separate runs at the same shape.
+Sec. 56). Its variants are ``kernel_mosaic_gpu_rs.RS_ABLATIONS`` (``--variants``, default
+``full`` alone): ``state`` (the chain, and the output warpgroup's ``Ag`` it needs, without the
+read-out), ``readout`` (the output warpgroup whole on a chain frozen at the entry state) and
+``full`` (checked against float64 as above). As with the split kernel, ``full`` minus the
+larger of the two sides is what the coupling costs.
 
 Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes; each names its
 ``kernel``, ``stages``, ``split_order`` and ``split_stages``) and ``<out>.md``.
@@ -126,8 +129,8 @@ def _define_flags() -> None:
                                          "three-warpgroup kernel (2 or 3; with --split_order).")
     _RS_STAGES = flags.DEFINE_integer(
         "rs_stages", 0, "If > 0, profile the fused_rs kernel (kernel_mosaic_gpu_rs, MOSAIC_GPU.md "
-        "Sec. 56) with this TMA ring depth (2 or 3; its one variant: full) instead of the fused "
-        "T0 kernels; not with --split_order.")
+        "Sec. 56) with this TMA ring depth (2 or 3; --variants from its RS_ABLATIONS: state, "
+        "readout, full; default full) instead of the fused T0 kernels; not with --split_order.")
 
 
 class VariantError(ValueError):
@@ -186,7 +189,7 @@ def parse_rs(rs_stages: int, split_order: str, variants: Sequence[str]) -> Dict:
 
     Raises:
       VariantError: a depth not in ``kernel_mosaic_gpu_rs.RS_STAGES``, with ``--split_order``,
-        or ``variants`` other than ``["full"]`` (the kernel has no ablations).
+        or a ``variants`` entry not in ``kernel_mosaic_gpu_rs.RS_ABLATIONS`` or repeated.
     """
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
     if not rs_stages:
@@ -196,9 +199,10 @@ def parse_rs(rs_stages: int, split_order: str, variants: Sequence[str]) -> Dict:
     if split_order:
         raise VariantError(f"--rs_stages={rs_stages} profiles the fused_rs kernel: not with "
                            f"--split_order={split_order}")
-    if list(variants) != ["full"]:
-        raise VariantError(f"--rs_stages={rs_stages}: the fused_rs kernel has no ablations, "
-                           f"--variants must be full, got {','.join(variants)}")
+    for i, text in enumerate(variants):
+        if text not in krs.RS_ABLATIONS or text in variants[:i]:
+            raise VariantError(f"--rs_stages={rs_stages}: --variants entry {text!r} is not one "
+                               f"of {krs.RS_ABLATIONS} or is repeated")
     return {"rs_stages": rs_stages}
 
 
@@ -208,7 +212,7 @@ def kernel_name(stages: str, split: Dict) -> str:
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
     if "rs_stages" in split:
-        return krs.rs_kernel_name(split["rs_stages"])
+        return krs.rs_kernel_name(split["rs_stages"], stages)
     return kfused.fused_t0_kernel_name(stages=stages, **split)
 
 
@@ -356,10 +360,10 @@ def _kernel_fn(stages: str, scale: float, interpret: bool, split: Optional[Dict]
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
     split = split or {}
-    if "rs_stages" in split:  # --rs_stages: fused_rs's kernel, "full" only
+    if "rs_stages" in split:  # --rs_stages: fused_rs's kernel and its ablations
         return jax.jit(lambda q, k, v, t0, g, beta, seg: krs.chunk_delta_fused_rs_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, segment_ids=seg, interpret=interpret,
-            stages=split["rs_stages"]))
+            stages=split["rs_stages"], ablation=stages))
     return jax.jit(lambda q, k, v, t0, g, beta, seg: kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, segment_ids=seg, stages=stages,
         interpret=interpret, **split)[:2])
@@ -463,14 +467,14 @@ def selected_variants() -> Tuple[Dict, List[str]]:
     (``--variants``, or :data:`SPLIT_DEFAULT_VARIANTS` with ``--split_order`` when
     ``--variants`` is not given).
 
-    With ``--rs_stages``: :func:`parse_rs`'s options and ``["full"]``.
+    With ``--rs_stages``: :func:`parse_rs`'s options and ``--variants`` (default ``["full"]``).
 
     Raises:
       VariantError: as :func:`parse_split`, :func:`parse_variants` and :func:`parse_rs`.
     """
     if _RS_STAGES.value:  # the fused_rs kernel: "full" unless --variants says otherwise
-        texts = _VARIANTS.value if _VARIANTS.present else ["full"]
-        return parse_rs(_RS_STAGES.value, _SPLIT_ORDER.value, texts), ["full"]
+        texts = [t.strip() for t in _VARIANTS.value] if _VARIANTS.present else ["full"]
+        return parse_rs(_RS_STAGES.value, _SPLIT_ORDER.value, texts), texts
     split = parse_split(_SPLIT_ORDER.value, _SPLIT_STAGES.value)
     texts = SPLIT_DEFAULT_VARIANTS if split and not _VARIANTS.present else _VARIANTS.value
     return split, parse_variants(texts, _SPLIT_ORDER.value)

@@ -74,9 +74,14 @@ class ProfileFwdTest(absltest.TestCase):
         self.assertTrue(profile_fwd.kernel_name("full", split).startswith(
             profile_fwd.RS_KERNEL_PREFIX))
         self.assertEqual(profile_fwd._split_fields(split)["rs_stages"], 3)
+        self.assertEqual(profile_fwd.kernel_name("readout", split),
+                         "gdn_chunk_delta_fused_rs_fwd_s3_abl_readout")
+        self.assertEqual(profile_fwd.parse_rs(2, "", ["state", "readout", "full"]),
+                         {"rs_stages": 2})
         for args, message in (((4, "", ["full"]), "--rs_stages=4: not in"),
                               ((2, "state_ag", ["full"]), "not with --split_order"),
-                              ((2, "", ["io", "full"]), "has no ablations")):
+                              ((2, "", ["io", "full"]), "'io' is not one of"),
+                              ((2, "", ["full", "full"]), "or is repeated")):
             with self.assertRaisesRegex(profile_fwd.VariantError, message):
                 profile_fwd.parse_rs(*args)
 
