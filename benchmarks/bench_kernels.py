@@ -38,6 +38,8 @@ another order of the output warpgroup (the default is ``readout_first``; Sec. 16
 ``--mosaic_t0_split_state_layout=vk,kv`` the state warpgroup carrying ``S^T`` and the default
 layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the read-out's
 ``Q S_c`` on its own barrier (Sec. 40).
+``--mosaic_forward=fused_rs`` times the primal-only forward with the state in registers (Sec. 56;
+``--mosaic_rs_stages=2`` its two-stage ring; under differentiation it runs ``fused_t0``).
 ``--mosaic_gla_residual_h`` (op lightning, pass fwdbwd) keeps the fused forward's chunk
 states as the backward's residual instead of recomputing them (Sec. 54);
 ``--mosaic_gla_stages=3`` gives its fused forward a three-stage TMA ring (Sec. 55).
@@ -113,10 +115,18 @@ _MOSAIC_WY = flags.DEFINE_enum(
 _MOSAIC_FORWARD = flags.DEFINE_string(
     "mosaic_forward", None,
     "Peer mosaic: the forward= of the Mosaic ops (simple_gla_mosaic: two_pass or fused; "
-    "gated_delta_rule_mosaic: three_pass, fused, fused_split, fused_t0 or fused_t0_split); "
+    "gated_delta_rule_mosaic: three_pass, fused, fused_split, fused_t0, fused_t0_split or "
+    "fused_rs, the primal-only forward with the state in registers, MOSAIC_GPU.md Sec. 56: "
+    "pass fwd runs it, fwdbwd runs fused_t0 instead); "
     "unset: each op's "
     "default. "
     "Recorded with every mosaic record.")
+_MOSAIC_RS_STAGES = flags.DEFINE_integer(
+    "mosaic_rs_stages", None,
+    "Peer mosaic, ops gdn / deltanet, --mosaic_forward=fused_rs: the depth of its TMA input "
+    "ring (chunk_delta_fused_rs_fwd_mosaic's stages=, 2 or 3), set in mosaic_vjp.RS_OPTIONS "
+    "for this process; unset: the deepest that fits in SMEM (3; MOSAIC_GPU.md Sec. 56). "
+    "Recorded with every mosaic gdn / deltanet record (mosaic_rs_stages).")
 _MOSAIC_GLA_RESIDUAL_H = flags.DEFINE_bool(
     "mosaic_gla_residual_h", None,
     "Peer mosaic, op lightning, pass fwdbwd: the residual_h= of simple_gla_mosaic: on, the "
@@ -613,6 +623,31 @@ def _check_mosaic_gla_stages():
     kmg.FUSED_OPTIONS["stages"] = value
 
 
+def _check_mosaic_rs_stages():
+    """``--mosaic_rs_stages`` where it would apply, before anything runs (peer mosaic, op gdn
+    or deltanet, ``--mosaic_forward=fused_rs``, a depth of ``kernel_mosaic_gpu_rs.RS_STAGES``),
+    then set ``mosaic_vjp.RS_OPTIONS["stages"]`` (removed when the flag is unset)."""
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
+    from pallas_kernels.gated_delta_rule import mosaic_vjp
+    value = _MOSAIC_RS_STAGES.value
+    mosaic_vjp.RS_OPTIONS.pop("stages", None)
+    if value is None:
+        return
+    named = f"--mosaic_rs_stages={value}"
+    if value not in krs.RS_STAGES:
+        raise app.UsageError(f"{named}: takes one of {', '.join(map(str, krs.RS_STAGES))}")
+    if "mosaic" not in _PEERS.value:
+        raise app.UsageError(f"{named} applies to peer mosaic only "
+                             f"(--peers={','.join(_PEERS.value)})")
+    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
+        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
+                             f"(--ops={','.join(_OPS.value)})")
+    if _MOSAIC_FORWARD.value != "fused_rs":
+        raise app.UsageError(f"{named} applies to --mosaic_forward=fused_rs only "
+                             f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+    mosaic_vjp.RS_OPTIONS["stages"] = value
+
+
 def _require_lightning_fused(named, passes=()):
     """Refuse the flag ``named`` (``app.UsageError``) unless peer mosaic, op lightning, each
     of ``passes`` and a forward that can resolve to fused (not ``--mosaic_forward=two_pass``)
@@ -672,7 +707,7 @@ def _apply_mosaic_t0():
         return {}
     named = ", ".join(f"--mosaic_t0_{key}={value}"
                       for key, value in {**options, **split}.items())
-    t0_forwards = ("fused_t0", "fused_t0_split")
+    t0_forwards = ("fused_t0", "fused_t0_split", "fused_rs")
     if _MOSAIC_FORWARD.value not in t0_forwards:  # the T0 kernel would not run: refuse
         raise app.UsageError(f"{named} applies to --mosaic_forward={' or '.join(t0_forwards)} "
                              f"only (--mosaic_forward={_MOSAIC_FORWARD.value})")
@@ -998,6 +1033,9 @@ def run_jax(records):
                             rec["mosaic_forward_run"] = mosaic_vjp.resolve_forward(
                                 _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD, batch,
                                 heads, _DIM.value, seq_len)
+                            if rec["mosaic_forward_run"] == "fused_rs" and pas != "fwd":
+                                rec["mosaic_forward_run"] = "fused_t0"  # no residuals (Sec. 56)
+                            rec["mosaic_rs_stages"] = mosaic_vjp.RS_OPTIONS.get("stages")
                             rec["mosaic_pieces_run"] = mosaic_vjp.fused_t0_pieces(
                                 rec["mosaic_forward_run"], batch, heads, _DIM.value, seq_len)
                             # where W of the reverse pass came from (Sec. 51; "+t0w" values)
@@ -1433,6 +1471,7 @@ def main(argv):
     _check_mosaic_forward()
     _check_mosaic_gla_residual_h()
     _check_mosaic_gla_stages()
+    _check_mosaic_rs_stages()
     _check_mosaic_backward()
     _check_channelwise_state_pass()
     _check_channelwise_grad_pass()

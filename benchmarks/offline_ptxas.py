@@ -98,7 +98,8 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 ``gdn_fused`` / ``gdn_fused_split`` (``chunk_delta_fused_fwd_mosaic``), ``gdn_t0``
 (``chunk_kkt_inverse_mosaic`` with its defaults; in the training step its ``return_w`` form,
 ``_w``, MOSAIC_GPU.md Sec. 36; ``gdn_t0:infer`` the plain kernel), ``gdn_fused_t0`` /
-``gdn_fused_t0_split`` (``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
+``gdn_fused_t0_split`` (``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_fused_rs:infer``
+(``kernel_mosaic_gpu_rs``, the primal only; Sec. 56), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
 (``chunk_delta_dh_mosaic``), ``gdn_bwd_dh_fold`` / ``gdn_bwd_dh_fold_pieces`` (the same with
 ``dv_local="fold"``, three warpgroups: MOSAIC_GPU.md Sec. 32; the pieces' launch only at rows
 with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_dh_fold_t0`` (the same with
@@ -578,6 +579,9 @@ OP_KERNELS = {
     "gdn_t0": ("gdn", "fused_t0", ("gdn_chunk_kkt_inverse*",)),
     "gdn_fused_t0": ("gdn", "fused_t0", ("gdn_chunk_delta_fused_t0_fwd",)),
     "gdn_fused_t0_split": ("gdn", "fused_t0_split", ("gdn_chunk_delta_fused_t0_fwd_split*",)),
+    # forward="fused_rs" (MOSAIC_GPU.md Sec. 56): the primal only, so with ":infer" (the
+    # training step runs fused_t0 instead)
+    "gdn_fused_rs": ("gdn", "fused_rs", ("gdn_chunk_delta_fused_rs_fwd*",)),
     # the fused T0 forward as sequence pieces (mosaic_vjp.FUSED_T0_PIECES, MOSAIC_GPU.md
     # Sec. 42): the summary pass and the pieces' stored pass; rows with few CTAs only (e.g.
     # --batch=1 --seq_len=32768), at S1 the plain kernel
@@ -681,8 +685,12 @@ def h200_note(entry: str, batch: int, seq_len: int, heads: int, dk: int, dv: int
 
 
 def module_kernel_name(module_text: str) -> Optional[str]:
-    """The kernel's name in a Mosaic GPU module (``func.func @<name>_mosaic_gpu``)."""
-    found = re.search(r"func\.func @(\w+?)_mosaic_gpu\b", module_text)
+    """The kernel's name in a Mosaic GPU module (``func.func @<name>_mosaic_gpu``, or
+    ``sym_name = "<name>_mosaic_gpu"`` in the generic op form that ``offline_ptxas_jax011``
+    captures)."""
+    found = (re.search(r"func\.func @(\w+?)_mosaic_gpu\b", module_text)
+             or re.search(r'"func\.func"\(\) <\{[^\n]*?sym_name = "(\w+?)_mosaic_gpu"',
+                          module_text))
     return found.group(1) if found else None
 
 

@@ -44,6 +44,14 @@ and ``readout`` need ``--split_order=state_ag``. Those are not cumulative: the t
 output warpgroup is the longer side), and ``full`` minus the larger of the two is what the
 coupling of the warpgroups costs. The floors count the split kernel's products (``Ag X`` once).
 
+``--rs_stages=3`` (or 2) profiles ``forward="fused_rs"``'s kernel instead
+(``kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic`` with that ring depth; MOSAIC_GPU.md
+Sec. 56). Its variants are ``kernel_mosaic_gpu_rs.RS_ABLATIONS`` (``--variants``, default
+``full`` alone): ``state`` (the chain, and the output warpgroup's ``Ag`` it needs, without the
+read-out), ``readout`` (the output warpgroup whole on a chain frozen at the entry state) and
+``full`` (checked against float64 as above). As with the split kernel, ``full`` minus the
+larger of the two sides is what the coupling costs.
+
 Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes; each names its
 ``kernel``, ``stages``, ``split_order`` and ``split_stages``) and ``<out>.md``.
 Usage, on the GPU machine::
@@ -79,6 +87,7 @@ DEFAULT_VARIANTS = ("io", "v_new", "state", "full", "no_store", "nobar")
 # With --split_order (kernel_mosaic_gpu_fused.SPLIT_T0_STAGES): each side alone, then the kernel.
 SPLIT_DEFAULT_VARIANTS = ("io", "state", "readout", "full", "no_store", "nobar")
 KERNEL_PREFIX = "gdn_chunk_delta_fused_t0_fwd"
+RS_KERNEL_PREFIX = "gdn_chunk_delta_fused_rs_fwd"  # --rs_stages (MOSAIC_GPU.md Sec. 56)
 CHECKED_STAGES = ("full", "nobar")  # the stages whose first output is o
 DEADLINE_EXIT = profile_t0.DEADLINE_EXIT
 DEFAULT_CLOCK_GHZ = profile_t0.DEFAULT_CLOCK_GHZ
@@ -92,7 +101,7 @@ def _define_flags() -> None:
     the same names in absl's global registry, and the tests import several of them)."""
     global _BATCH, _SEQ_LEN, _HEADS, _KV_HEADS, _DK, _DV, _DTYPE, _DOCS, _VARIANTS, _ITERS
     global _CHECK_HEADS, _SM_COUNT, _CTAS_PER_SM, _CLOCK_GHZ, _DEADLINE_S, _INTERPRET
-    global _STATIC, _OUT, _SPLIT_ORDER, _SPLIT_STAGES
+    global _STATIC, _OUT, _SPLIT_ORDER, _SPLIT_STAGES, _RS_STAGES
     from benchmarks import common
     shared = common.define_profile_flags(
         heads_help="Value heads H.", dtype_help="q, k, v dtype.",
@@ -118,6 +127,10 @@ def _define_flags() -> None:
         "the two-warpgroup kernel.")
     _SPLIT_STAGES = flags.DEFINE_integer("split_stages", 2, "TMA ring depth of the "
                                          "three-warpgroup kernel (2 or 3; with --split_order).")
+    _RS_STAGES = flags.DEFINE_integer(
+        "rs_stages", 0, "If > 0, profile the fused_rs kernel (kernel_mosaic_gpu_rs, MOSAIC_GPU.md "
+        "Sec. 56) with this TMA ring depth (2 or 3; --variants from its RS_ABLATIONS: state, "
+        "readout, full; default full) instead of the fused T0 kernels; not with --split_order.")
 
 
 class VariantError(ValueError):
@@ -171,9 +184,35 @@ def parse_split(split_order: str, split_stages: int) -> Dict:
     return dict(split_output=True, split_order=split_order, split_stages=split_stages)
 
 
+def parse_rs(rs_stages: int, split_order: str, variants: Sequence[str]) -> Dict:
+    """The options of ``--rs_stages`` (``{}`` when 0): ``{"rs_stages": N}``.
+
+    Raises:
+      VariantError: a depth not in ``kernel_mosaic_gpu_rs.RS_STAGES``, with ``--split_order``,
+        or a ``variants`` entry not in ``kernel_mosaic_gpu_rs.RS_ABLATIONS`` or repeated.
+    """
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
+    if not rs_stages:
+        return {}
+    if rs_stages not in krs.RS_STAGES:
+        raise VariantError(f"--rs_stages={rs_stages}: not in {krs.RS_STAGES}")
+    if split_order:
+        raise VariantError(f"--rs_stages={rs_stages} profiles the fused_rs kernel: not with "
+                           f"--split_order={split_order}")
+    for i, text in enumerate(variants):
+        if text not in krs.RS_ABLATIONS or text in variants[:i]:
+            raise VariantError(f"--rs_stages={rs_stages}: --variants entry {text!r} is not one "
+                               f"of {krs.RS_ABLATIONS} or is repeated")
+    return {"rs_stages": rs_stages}
+
+
 def kernel_name(stages: str, split: Dict) -> str:
-    """The Mosaic GPU kernel name a variant's profile lists (``split``: :func:`parse_split`)."""
+    """The Mosaic GPU kernel name a variant's profile lists (``split``: :func:`parse_split`,
+    or :func:`parse_rs`'s options)."""
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
+    if "rs_stages" in split:
+        return krs.rs_kernel_name(split["rs_stages"], stages)
     return kfused.fused_t0_kernel_name(stages=stages, **split)
 
 
@@ -319,13 +358,21 @@ def _kernel_fn(stages: str, scale: float, interpret: bool, split: Optional[Dict]
     ``split``: :func:`parse_split`'s options (``None`` or ``{}``: two warpgroups)."""
     import jax
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
     split = split or {}
+    if "rs_stages" in split:  # --rs_stages: fused_rs's kernel and its ablations
+        return jax.jit(lambda q, k, v, t0, g, beta, seg: krs.chunk_delta_fused_rs_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=scale, segment_ids=seg, interpret=interpret,
+            stages=split["rs_stages"], ablation=stages))
     return jax.jit(lambda q, k, v, t0, g, beta, seg: kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, segment_ids=seg, stages=stages,
         interpret=interpret, **split)[:2])
 
 
 def _kernel_label(split: Dict) -> str:
+    if "rs_stages" in split:
+        return (f"fused_rs forward kernel (S^T in registers, {split['rs_stages']} ring stages: "
+                f"{kernel_name('full', split)})")
     if not split:
         return "Fused T0 forward kernel (two warpgroups)"
     return (f"Fused T0 forward kernel, three warpgroups (split_order={split['split_order']}, "
@@ -374,7 +421,8 @@ def _measure(rec: Dict, want, stages: str, args, scale: float, num_chunks: int,
         return want
     events = common.trace_events(lambda: compiled(*args), _ITERS.value)
     kernels = common.device_kernel_events(events)
-    own = sum(d for name, _, d in kernels if name.startswith(KERNEL_PREFIX))
+    prefixes = (KERNEL_PREFIX, RS_KERNEL_PREFIX)
+    own = sum(d for name, _, d in kernels if name.startswith(prefixes))
     total = sum(d for _, _, d in kernels)
     if total > 0:
         rec["sm_clock_smi"] = common.nvidia_smi("clocks.sm")
@@ -382,7 +430,7 @@ def _measure(rec: Dict, want, stages: str, args, scale: float, num_chunks: int,
         rec["clock_ghz"] = clock
         rec["kernel_ms"] = own / 1e3 / _ITERS.value
         rec["total_ms"] = total / 1e3 / _ITERS.value
-        rec["kernel_names"] = sorted({n for n, _, _ in kernels if n.startswith(KERNEL_PREFIX)})
+        rec["kernel_names"] = sorted({n for n, _, _ in kernels if n.startswith(prefixes)})
         rec["cycles_per_chunk"] = cycles_per_chunk(rec["kernel_ms"], num_chunks, num_waves,
                                                    clock)
     return want
@@ -408,9 +456,10 @@ def _static_main(variants: Sequence[str], args, scale: float, env: Dict, shape: 
 
 
 def _split_fields(split: Dict) -> Dict:
-    """A record's ``split_order`` (``None``: two warpgroups) and ``split_stages``."""
+    """A record's ``split_order`` (``None``: two warpgroups), ``split_stages`` and
+    ``rs_stages`` (``None`` unless ``--rs_stages``)."""
     return dict(split_order=split.get("split_order"),
-                split_stages=split.get("split_stages", 2))
+                split_stages=split.get("split_stages", 2), rs_stages=split.get("rs_stages"))
 
 
 def selected_variants() -> Tuple[Dict, List[str]]:
@@ -418,9 +467,14 @@ def selected_variants() -> Tuple[Dict, List[str]]:
     (``--variants``, or :data:`SPLIT_DEFAULT_VARIANTS` with ``--split_order`` when
     ``--variants`` is not given).
 
+    With ``--rs_stages``: :func:`parse_rs`'s options and ``--variants`` (default ``["full"]``).
+
     Raises:
-      VariantError: as :func:`parse_split` and :func:`parse_variants`.
+      VariantError: as :func:`parse_split`, :func:`parse_variants` and :func:`parse_rs`.
     """
+    if _RS_STAGES.value:  # the fused_rs kernel: "full" unless --variants says otherwise
+        texts = [t.strip() for t in _VARIANTS.value] if _VARIANTS.present else ["full"]
+        return parse_rs(_RS_STAGES.value, _SPLIT_ORDER.value, texts), texts
     split = parse_split(_SPLIT_ORDER.value, _SPLIT_STAGES.value)
     texts = SPLIT_DEFAULT_VARIANTS if split and not _VARIANTS.present else _VARIANTS.value
     return split, parse_variants(texts, _SPLIT_ORDER.value)

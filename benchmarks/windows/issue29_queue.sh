@@ -88,6 +88,12 @@
 #               backward (--mosaic_gla_residual_h) and not, two processes, then its gpu test
 #   lgt_st 320  Sec. 55: Lightning fwd and fwd+bwd at S1 and P1, ours (auto: the fused forward,
 #               2 stages) beside peer mosaic with a 3-stage ring (--mosaic_gla_stages=3) and jla
+#   rs 550      Sec. 56: forward="fused_rs" (the primal-only forward with S^T in registers, jla's
+#               schedule) at S1 fwd beside ours (the default fused_t0) and jla in one process
+#               (gate at 8x1024x16: the default gate shape runs sequence pieces, i.e. fused_t0),
+#               then fused_rs with a two-stage ring, then its gpu tests (decision rule in Sec. 56)
+#   rs_prof 170 Sec. 56: fused_rs's stage ablations (state, readout, full; profile_fwd.py
+#               --rs_stages=3) and fused_t0's full at S1, ptxas lines (the rule's next step)
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -134,6 +140,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
   lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
+  rs) echo 550;; rs_prof) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -670,6 +677,40 @@ run_lgt_st() {  # Sec. 55: the fused forward's TMA ring, 3 stages against 2, one
   grep -a -h '^gate' $O/lgt_st/*.log | sort -u | cut -c1-300
   tab_show $O/lgt_st/*.jsonl
   python3 benchmarks/acceptance.py --ours=mosaic $O/lgt_st/*.jsonl
+}
+run_rs() {  # Sec. 56: fused_rs against fused_t0 (ours) and jla at S1 fwd, then 2 stages, tests
+  mkdir -p $O/rs; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 200 python3 benchmarks/bench_kernels.py --ops=gdn \
+    --peers=jla,ours,mosaic --mosaic_forward=fused_rs --passes=fwd --shapes=S1 \
+    --gate_shape=8x1024x16 --breakdown_top=16 --iters=30 --warmup=5 --out=$O/rs/s1 \
+    > $O/rs/s1.log 2>&1
+  echo "S1 jla,ours,fused_rs rc=$? t=$((SECONDS-s))s"
+  timeout 120 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic \
+    --mosaic_forward=fused_rs --mosaic_rs_stages=2 --passes=fwd --shapes=S1 \
+    --gate_shape=8x1024x16 --breakdown_top=16 --iters=30 --warmup=5 --out=$O/rs/s1_st2 \
+    > $O/rs/s1_st2.log 2>&1
+  echo "S1 fused_rs 2 stages rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/rs/*.log | cut -c1-300
+  grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs/s1.log | sort -u \
+    | head -4 | cut -c1-300
+  grep -a -h -o '"mosaic_forward_run": "[^"]*"\|"mosaic_rs_stages": [^,]*' $O/rs/*.log | paste - -
+  gdn_show $O/rs/*.log
+  timeout $((540 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    $T/kernel_mosaic_gdn_rs_test.py > $O/rs/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -E 'fused_rs|passed|failed|FAILED|Error' $O/rs/tests.log | cut -c1-250 | tail -30
+}
+run_rs_prof() {  # Sec. 56: where fused_rs's time goes (state alone, read-out alone, full), S1
+  mkdir -p $O/rs_prof; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 100 python3 benchmarks/profile_fwd.py --rs_stages=3 \
+    --variants=state,readout,full --deadline_s=90 --out=$O/rs_prof/rs > $O/rs_prof/rs.log 2>&1
+  echo "fused_rs ablations rc=$? t=$((SECONDS-s))s"
+  timeout 60 python3 benchmarks/profile_fwd.py --variants=full --deadline_s=50 \
+    --out=$O/rs_prof/t0 > $O/rs_prof/t0.log 2>&1
+  echo "fused_t0 full rc=$? t=$((SECONDS-s))s"
+  grep -a -h -E '^\| ' $O/rs_prof/*.md | cut -c1-220
+  grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs_prof/rs.log \
+    | sort -u | head -6 | cut -c1-300
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

@@ -93,9 +93,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.common import validation
 from pallas_kernels.gated_delta_rule import chunked
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 
 CHUNK = mgl.CHUNK
@@ -536,7 +538,21 @@ WY_IMPLEMENTATIONS = ("mosaic", "xla")
 # (chunk_kkt_inverse_mosaic) and forms v_new from v and T0 inside the fused kernel
 # (kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic); "fused_t0_split" is the same with
 # three warpgroups (split_output=True: jla's layout, Ag = T0 * D * beta formed off the chain).
-FORWARDS = ("three_pass", "fused", "fused_split", "fused_t0", "fused_t0_split")
+# "fused_rs" (off by default; MOSAIC_GPU.md Sec. 56) is the primal-only forward from T0 with
+# the transposed state in registers (kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic: jla's
+# schedule); where a residual is asked for it runs "fused_t0" instead (RS_FALLBACK_REASON).
+FORWARDS = ("three_pass", "fused", "fused_split", "fused_t0", "fused_t0_split", "fused_rs")
+# Why forward="fused_rs" runs "fused_t0" (logged once per reason, pallas_kernels.common.
+# validation.log_once): its kernel stores neither v_new nor h.
+RS_FALLBACK_REASON = ("forward='fused_rs' stores no residuals (v_new, h): running "
+                      "forward='fused_t0' for this call ({why})")
+
+
+def rs_fallback(why: str) -> str:
+    """Logs (once per reason) that ``forward="fused_rs"`` runs ``"fused_t0"`` because of
+    ``why``, and returns ``"fused_t0"``."""
+    validation.log_once("gated_delta_rule_mosaic", RS_FALLBACK_REASON.format(why=why))
+    return "fused_t0"
 
 
 def wy_inverse(a, l_s, x_s, y_s, interpret: bool):
@@ -1753,7 +1769,12 @@ def gated_delta_rule_fwd_mosaic(
             (same math; ``T0`` rounded to the input dtype instead of ``W`` and ``U``).
             ``"fused_t0_split"``: the same with three warpgroups (``split_output=True``; the
             output warpgroup forms ``Ag = T0 * e^{G_i - G_j} * beta_j`` a chunk ahead,
-            elementwise, rounded once to the input dtype).
+            elementwise, rounded once to the input dtype). ``"fused_rs"`` (MOSAIC_GPU.md
+            Sec. 56): the ``T0`` preparation, then
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic`
+            (the state carried transposed in registers, jla's schedule; the roundings of
+            ``"fused_t0_split"`` with ``state_layout="vk"``); with ``return_residual`` it runs
+            ``"fused_t0"`` instead and logs why (:func:`rs_fallback`).
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -1779,13 +1800,19 @@ def gated_delta_rule_fwd_mosaic(
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
-    if forward in ("fused_t0", "fused_t0_split"):
+    if forward == "fused_rs" and return_residual:
+        forward = rs_fallback("return_residual=True")
+    if forward in ("fused_t0", "fused_t0_split", "fused_rs"):
         if wy_implementation == "mosaic":
             t0 = chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
                                           **T0_OPTIONS)
         else:
             with jax.named_scope("gdn_kkt_inverse"):
                 t0 = kkt_inverse_xla(k, beta, segment_ids=segment_ids).astype(k.dtype)
+        if forward == "fused_rs":
+            return krs.chunk_delta_fused_rs_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
+                segment_ids=segment_ids, interpret=interpret)
         o, final_state, v_new, _ = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=return_residual,

@@ -94,6 +94,7 @@ from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd_fused as kbf
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 
@@ -164,16 +165,23 @@ PIECE_SKIP = False
 # `gpu` tests of Sec. 38 passed on that card (12-06e). Rows with too few CTAs run it as
 # sequence pieces (FUSED_T0_PIECES, since 2026-12-06g; "three_pass" before).
 DEFAULT_FORWARD = "fused_t0"
+# Keyword arguments of kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic at the op's call
+# (forward="fused_rs"): empty, the defaults. For timing variants only (bench_kernels.py
+# --mosaic_rs_stages sets stages; read at trace time).
+RS_OPTIONS: dict = {}
 
 
 def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int) -> str:
     """The forward that :func:`gated_delta_rule_mosaic` runs for ``forward`` at this shape:
     ``"three_pass"`` for a fused ``T0`` forward whose rows have too few CTAs (the three-pass
     state pass would run them as sequence pieces; :data:`FUSED_T0_FALLBACK`), else
-    ``forward``."""
-    if (not FUSED_T0_FALLBACK or forward not in ("fused_t0", "fused_t0_split")
+    ``forward``. ``"fused_rs"`` (whole rows only) resolves as ``"fused_t0"`` on such rows
+    (logged once, :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.rs_fallback`)."""
+    if (not FUSED_T0_FALLBACK or forward not in ("fused_t0", "fused_t0_split", "fused_rs")
             or mgl.row_pieces(batch, heads, dv, seq_len) == 1):
         return forward
+    if forward == "fused_rs":  # whole rows only: "fused_t0" runs them as sequence pieces
+        forward = kgd.rs_fallback("rows with too few CTAs: sequence pieces")
     return forward if forward == "fused_t0" and FUSED_T0_PIECES else "three_pass"
 
 
@@ -261,7 +269,13 @@ def gated_delta_rule_mosaic(
             ``"fused_t0_split"`` have no ``W``: under differentiation the ``T0`` kernel forms
             it from its fp32 ``T0`` (``chunk_kkt_inverse_mosaic(return_w=True)``, rounded once;
             MOSAIC_GPU.md Sec. 36; it was an XLA product before). The backward is the same
-            for every forward.
+            for every forward. ``"fused_rs"`` (off by default, MOSAIC_GPU.md Sec. 56): the
+            primal alone from ``T0`` with the state carried transposed in registers
+            (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic`,
+            jla's schedule, :data:`RS_OPTIONS`); it stores no residuals, so under
+            differentiation, with ``return_residual`` and on rows with too few CTAs it runs
+            ``"fused_t0"`` instead and logs why once
+            (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.rs_fallback`).
         interpret: Mosaic GPU interpret mode (CPU, tests).
         return_residual: also return the per-token residuals
             ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)`` (the forward's ``v_new``; static).
@@ -373,8 +387,19 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     ``"fused_split"``'s fused kernel). ``want_w=False`` (``dh_w="t0"``): the fused ``T0``
     forwards on whole rows run the plain ``T0`` kernel and give ``None`` for ``w`` (the
     backward forms it from ``t0``); the other paths form ``W`` anyway and ignore it."""
+    if forward == "fused_rs" and (residuals or want_v_new):  # its kernel stores neither
+        forward = kgd.rs_fallback("under differentiation" if residuals
+                                  else "return_residual=True")
     store_v_new = residuals or want_v_new
     batch, seq_len, heads, dv = v.shape
+    if forward == "fused_rs":  # the primal alone (MOSAIC_GPU.md Sec. 56)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
+                                          g=g, gate_cumsum=gc, doc_vecs=docs, **kgd.T0_OPTIONS)
+        out = krs.chunk_delta_fused_rs_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
+            segment_ids=segment_ids, interpret=interpret, gate_cumsum=gc, doc_vecs=docs,
+            **RS_OPTIONS)
+        return out, (None, None, None, None, None)
     pieces = fused_t0_pieces(forward, batch, heads, dv, seq_len)
     if pieces > 1:  # rows with few CTAs as sequence pieces (MOSAIC_GPU.md Sec. 42)
         if docs is None:

@@ -254,7 +254,7 @@ class MarkdownTest(absltest.TestCase):
         refused = (
             (dict(mosaic_forward="fused_split", mosaic_t0_inverse="substitution"),
              r"--mosaic_t0_inverse=substitution applies to --mosaic_forward=fused_t0 or "
-             r"fused_t0_split only"),
+             r"fused_t0_split or fused_rs only"),
             (dict(mosaic_forward="fused_t0", mosaic_t0_inverse="bogus"),
              "the T0 kernel takes one of doubling, substitution"),
             (dict(mosaic_forward="fused_t0", mosaic_t0_chunks_per_cta=0), "must be >= 1"),
@@ -454,6 +454,41 @@ class MarkdownTest(absltest.TestCase):
                 self.assertEqual(kmg.FUSED_OPTIONS, {})
         finally:
             kmg.FUSED_OPTIONS.clear()
+
+    def test_mosaic_rs_stages_refused_where_it_would_not_apply_and_reaches_options(self):
+        # MOSAIC_GPU.md Sec. 56: --mosaic_forward=fused_rs is accepted, --mosaic_rs_stages
+        # only with it; the value lands in mosaic_vjp.RS_OPTIONS (read by the op's call).
+        from absl import app, flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_rs"):
+            bench_kernels._check_mosaic_forward()
+        base = dict(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_rs",
+                    mosaic_rs_stages=2)
+        refused = (
+            # --mosaic_forward=fused_rs is refused there first (_check_mosaic_forward)
+            (dict(peers=["ours", "jla"]), "applies to peer mosaic only"),
+            (dict(ops=["lightning"]), "op lightning takes one of"),
+            (dict(mosaic_forward="fused_t0"), "applies to --mosaic_forward=fused_rs only"),
+            (dict(mosaic_rs_stages=4), "takes one of 2, 3"),
+        )
+        for extra, message in refused:
+            with flagsaver.flagsaver(**{**base, **extra}):
+                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                    with self.assertRaisesRegex(app.UsageError, message):
+                        bench_kernels.main([])
+                self.assertFalse(run.called)
+        try:
+            with flagsaver.flagsaver(**base):
+                bench_kernels._check_mosaic_rs_stages()
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {"stages": 2})
+            with flagsaver.flagsaver(mosaic_rs_stages=None):
+                bench_kernels._check_mosaic_rs_stages()
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {})
+        finally:
+            mosaic_vjp.RS_OPTIONS.clear()
 
     def test_mosaic_forward_reaches_the_xla_wy_path(self):
         # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.

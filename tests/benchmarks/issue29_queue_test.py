@@ -31,7 +31,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
          "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla lgt_fused "
-         "lgt_ftests dhw mix pskip lgt_rh lgt_st").split()
+         "lgt_ftests dhw mix pskip lgt_rh lgt_st rs rs_prof").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -42,7 +42,7 @@ for argv in json.loads(sys.stdin.read()):
     flags.FLAGS(["bench_kernels.py"] + argv)
     bk._check_mosaic_forward(); bk._check_mosaic_backward()
     bk._check_channelwise_state_pass(); bk._check_channelwise_grad_pass()
-    bk._apply_mosaic_t0()
+    bk._apply_mosaic_t0(); bk._check_mosaic_rs_stages()
 print("OK")
 """
 
@@ -306,7 +306,20 @@ class Issue29QueueTest(absltest.TestCase):
         self.assertContainsSubset(("xla", "pallas"), config_lib.NORM_IMPLEMENTATIONS)
 
     def test_profile_fwd_flags_parse(self):
-        parsed = self._one_call_parsed("benchmarks/profile_fwd.py", _PROFILE_FWD)  # prof_split
+        argvs = self._calls("benchmarks/profile_fwd.py")
+        self.assertLen(argvs, 3)  # prof_split, then rs_prof's two (fused_rs, fused_t0)
+        parsed = []
+        for argv in argvs:
+            result = _python(_PROFILE_FWD, argv)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            parsed.append(json.loads(result.stdout.strip().splitlines()[-1]))
+        # rs_prof (MOSAIC_GPU.md Sec. 56): fused_rs's ablations, then fused_t0's full
+        self.assertEqual(parsed[1]["split"], {"rs_stages": 3})
+        self.assertEqual(parsed[1]["kernels"], ["gdn_chunk_delta_fused_rs_fwd_s3_abl_state",
+                                                "gdn_chunk_delta_fused_rs_fwd_s3_abl_readout",
+                                                "gdn_chunk_delta_fused_rs_fwd_s3"])
+        self.assertEqual((parsed[2]["split"], parsed[2]["variants"]), ({}, ["full"]))
+        parsed = parsed[0]  # prof_split
         self.assertEqual(parsed["split"], dict(split_output=True, split_order="state_ag",
                                                split_stages=3))
         self.assertEqual(parsed["variants"], ["io", "state", "readout", "full", "no_store",
@@ -336,7 +349,8 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
-        self.assertLen(argvs, 8)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw, pskip, lgt_rh
+        self.assertLen(argvs, 9)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw, pskip, lgt_rh,
+        # rs
         selections = []
         for argv in argvs:
             keep, i = [], 0

@@ -64,6 +64,27 @@ class ProfileFwdTest(absltest.TestCase):
             self.assertTrue(profile_fwd.kernel_name(stages, split).startswith(
                 profile_fwd.KERNEL_PREFIX))
 
+    def test_rs_stages_profile_the_fused_rs_kernel(self):
+        # --rs_stages (MOSAIC_GPU.md Sec. 56): the fused_rs kernel, its one variant full.
+        self.assertEqual(profile_fwd.parse_rs(0, "", ["io"]), {})
+        split = profile_fwd.parse_rs(3, "", ["full"])
+        self.assertEqual(split, {"rs_stages": 3})
+        self.assertEqual(profile_fwd.kernel_name("full", split),
+                         "gdn_chunk_delta_fused_rs_fwd_s3")
+        self.assertTrue(profile_fwd.kernel_name("full", split).startswith(
+            profile_fwd.RS_KERNEL_PREFIX))
+        self.assertEqual(profile_fwd._split_fields(split)["rs_stages"], 3)
+        self.assertEqual(profile_fwd.kernel_name("readout", split),
+                         "gdn_chunk_delta_fused_rs_fwd_s3_abl_readout")
+        self.assertEqual(profile_fwd.parse_rs(2, "", ["state", "readout", "full"]),
+                         {"rs_stages": 2})
+        for args, message in (((4, "", ["full"]), "--rs_stages=4: not in"),
+                              ((2, "state_ag", ["full"]), "not with --split_order"),
+                              ((2, "", ["io", "full"]), "'io' is not one of"),
+                              ((2, "", ["full", "full"]), "or is repeated")):
+            with self.assertRaisesRegex(profile_fwd.VariantError, message):
+                profile_fwd.parse_rs(*args)
+
     def test_waves_and_cycles_match_hand_computation(self):
         # S1: 8 x 16 x 2 = 256 CTAs on 132 SMs, one each: 2 waves; 0.421 ms over 2 x 64
         # chunks at 1.98 GHz is 6,512 cycles per chunk.

@@ -1,0 +1,487 @@
+"""Gated DeltaNet / DeltaNet forward with the transposed state in registers (Mosaic GPU).
+
+``forward="fused_rs"`` of :func:`pallas_kernels.gated_delta_rule.mosaic_vjp.gated_delta_rule_mosaic`
+(off by default; MOSAIC_GPU.md Sec. 56). Same inputs, equations and output contract as
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`
+(the gate-free inverse ``T0`` from
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_kkt_inverse_mosaic`, ``v``, the
+gates and the document vectors), but the primal only: ``o`` and the final state, no ``h`` and no
+``v_new``. Per batch row, value head and chunk ``c`` of 64 tokens with entry state ``S_c``
+(``[K, V]`` fp32), ``G`` the chunk-local inclusive cumulative log-decay and ``G_L`` its last
+entry (paper arXiv 2607.07953, Eqs. 15-17; FLA ``chunk_gated_delta_rule_fwd``)::
+
+    Ag_ij   = T0_ij e^{G_i - G_j} beta_j        (causal same-document pairs, else 0)
+    v_new_c = Ag (V_c - diag(conn e^G) K_c S_c)
+    o_c     = scale ( diag(conn e^G) Q_c S_c + (Q_c K_c^T * D) v_new_c )
+    S_{c+1} = keep_c e^{G_L} S_c + K_c^T (last_c e^{G_L - G} v_new_c)
+
+with ``D_ts = e^{G_t - G_s}`` on causal same-document pairs and ``conn``, ``last``, ``keep`` the
+document vectors of :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` (their derivation:
+``kernel_mosaic_gpu_fused``'s module docstring).
+
+The schedule is the one MOSAIC_GPU.md Sec. 35.1 describes for jla's fused forward (jla 0.1.0,
+``scalar_gate_fused.fused_fwd_wy``), written here for our inputs. Three warpgroups:
+
+* memory (``setmaxnreg 40``): the eleven TMA copies per chunk of the ``fused_t0`` kernels
+  (``kernel_mosaic_gpu_fused._t0_issuer``) into a ring of :func:`rs_ring_depth` stages (3 at
+  every supported shape: the fp32 staging tile of ``h0`` / the final state shares SMEM with the
+  published state, which is dead before the first and after the last chunk);
+* state (``setmaxnreg 232``): carries ``S^T`` (``[64, K]`` fp32, 64 value columns) in registers.
+  Per chunk, with every left ``wgmma`` operand a 16-bit register tile::
+
+      X^T     = V^T - (S^T K^T) diag(conn e^G)
+      v_new^T = X^T Ag_<^T + X^T diag(beta)          (Ag_<: the strictly lower part of Ag)
+      S^T    <- keep e^{G_L} S^T + (v_new^T diag(last e^{G_L - G})) K
+
+  The last product accumulates into ``keep e^{G_L} S^T`` (``plgpu.ACC.init``), so no second
+  ``[64, K]`` fp32 tile lives beside the state. The only SMEM stores are the publications for
+  the output warpgroup, ``S^T`` and ``v_new^T`` (16 bits, double-buffered), behind one
+  ``commit_smem`` per chunk; no product waits for a store of its own operand;
+* output (``setmaxnreg 232``): per chunk issues ``Q K^T``, and while it runs forms the mask
+  ``D`` once and ``Ag_< = T0 * D * beta_j`` over ``T0`` in the ring stage (``ag_ready``); then
+  ``P = (Q K^T) * D`` (16 bits, registers) and, once ``S^T`` and ``v_new^T`` are published,
+  ``Q S`` and ``P v_new`` (transposed views of the published tiles) in one group, and ``o``
+  through a double-buffered SMEM tile by TMA.
+
+Every decay is an ``exp2`` of gates scaled by ``log2 e`` per vector element (the ``[64, 64]``
+mask needs no multiply per element). ``V^T`` is loaded into registers through a transposed
+view on jax >= 0.11 (:data:`TRANSPOSED_V_LOAD`); jax 0.10.2 cannot load a transposed swizzled
+tile ("Can't transpose the swizzled dimension") and forms it as the exact product ``I V^T``
+issued with ``S^T K^T`` instead.
+
+Barriers and why nothing deadlocks: those of ``kernel_mosaic_gpu_fused._split_t0_kernel`` in
+its ``"shared_mask"`` order (``in_bar``/``in_free`` per ring stage, ``ag_ready`` per stage,
+``s_ready``/``s_free`` per published half; ``_SPLIT_PROTOCOL`` there).
+
+Interpret mode (CPU, tests): the Mosaic GPU interpreter's ``wgmma`` takes SMEM refs only and
+has no ``run_state``, so register operands and transposed views go through SMEM copies
+(``mgl.lhs_operand``, ``mgl.transposed``) and the accumulating update is a fresh accumulator
+plus an add (MOSAIC_GPU.md Sec. 1 and 56).
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+
+CHUNK = mgl.CHUNK
+BLOCK_V = mgl.BLOCK_V
+RS_STAGES = (2, 3)  # ring depths the kernel takes
+# Timing ablations (benchmarks/profile_fwd.py --rs_stages; MOSAIC_GPU.md Sec. 56): "full" is the
+# kernel; "state" keeps the state warpgroup's chain and the output warpgroup's Ag (the chain
+# needs it) but no read-out (o is not written); "readout" keeps the output warpgroup whole on a
+# chain frozen at the entry state with v_new = 0 (no state products): o = scale diag(conn e^G)
+# Q S_0 in every chunk and the final state is the entry state.
+RS_ABLATIONS = ("full", "state", "readout")
+_LOG2E = 1.4426950408889634
+_SMEM_LIMIT = 227 * 1024  # Hopper's dynamic SMEM per block
+_BARRIER_BYTES = 1024  # the barriers' SMEM, rounded up
+_IN_COPIES = kfused._T0_IN_COPIES  # TMA copies per ring stage
+_WGMMA = plgpu.Layout.WGMMA
+# jax 0.11 loads a transposed swizzled 16-bit tile into the WGMMA layout; 0.10.2 raises
+# "Can't transpose the swizzled dimension" (MOSAIC_GPU.md Sec. 35.2, Sec. 56).
+TRANSPOSED_V_LOAD = tuple(jax.__version_info__[:2]) >= (0, 11)
+
+
+def rs_smem_bytes(dk: int, dtype, depth: int) -> int:
+    """SMEM of the kernel (not interpreting) with a ``depth``-deep ring, in bytes: per stage
+    ``q, k`` (``[64, K]``), ``v``, ``T0`` (``[64, 64]``) and seven fp32 vectors of 64; then the
+    published ``S^T`` (two ``[64, K]``, 16 bits) sharing its bytes with the fp32 staging tile of
+    the entry / final state (``[64, K]``), the published ``v_new^T`` and the ``o`` tiles (two
+    ``[64, 64]`` each), and the barriers."""
+    isz = jnp.dtype(dtype).itemsize
+    per_stage = 2 * CHUNK * dk * isz + 2 * CHUNK * CHUNK * isz + 7 * CHUNK * 4
+    fixed = max(2 * BLOCK_V * dk * isz, BLOCK_V * dk * 4) + 4 * CHUNK * BLOCK_V * isz
+    return depth * per_stage + fixed + _BARRIER_BYTES
+
+
+def rs_ring_depth(dk: int, dtype) -> int:
+    """The deepest ring of :data:`RS_STAGES` whose :func:`rs_smem_bytes` fits in 227 KB (3 for
+    every supported ``K`` and dtype: 219,392 bytes by this count at ``K = 128`` in 16 bits,
+    220,280 by ptxas)."""
+    fits = [d for d in RS_STAGES if rs_smem_bytes(dk, dtype, d) <= _SMEM_LIMIT]
+    return max(fits) if fits else min(RS_STAGES)
+
+
+def rs_kernel_name(depth: int, ablation: str = "full") -> str:
+    """The kernel's name (profiles list it apart): ``gdn_chunk_delta_fused_rs_fwd_s<depth>``,
+    plus ``_abl_<ablation>`` for an ablation other than ``"full"``."""
+    return f"gdn_chunk_delta_fused_rs_fwd_s{depth}" + (
+        "" if ablation == "full" else f"_abl_{ablation}")
+
+
+def _acc_plus(init, lhs, rhs, interpret: bool):
+    """``init + lhs @ rhs`` (fp32, WGMMA layout): on the GPU the accumulator starts from
+    ``init`` (``plgpu.ACC.init``), so no second fp32 tile of ``init``'s size is live; the
+    interpreter has no ``run_state``: a fresh accumulator plus an add there."""
+    if interpret:
+        def fresh(acc):
+            plgpu.wgmma(acc, lhs, rhs)
+            return acc[...]
+        return init + lax.optimization_barrier(pl.run_scoped(fresh, plgpu.ACC(init.shape)))
+
+    def body(acc):
+        plgpu.wgmma(acc, lhs, rhs)
+
+    # The barrier keeps the arithmetic on the result after the accumulator's wait.
+    return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(init)))
+
+
+def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref, *rest,
+               num_chunks: int, group: int, scale: float, has_h0: bool, depth: int,
+               interpret: bool, ablation: str = "full"):
+    """Kernel body of :func:`chunk_delta_fused_rs_fwd_mosaic` (module docstring); refs are GMEM.
+
+    ``rest`` = ``[h0_ref,] o_ref, ht_ref`` then the scratch: the ring (eleven tiles), the
+    published ``S^T`` (``sb_s``) and the fp32 staging tile (``state_s``; one ``RefUnion`` on
+    the GPU), ``vn_s`` (``v_new^T``), ``o_s``, the barriers ``in_bar, in_free, ag_ready,
+    s_ready, s_free, io_bar, done`` and, interpreting only, the SMEM copies of what the GPU
+    reads from registers or as transposed views (``kt0_s, kt1_s`` ``K^T`` for each consumer,
+    ``p_s``, ``agt_s`` ``Ag^T``, ``st_s`` ``S``, ``vnt_s`` ``v_new``, ``sl_s``, ``xt_s``,
+    ``vdt_s`` the state products' left operands). ``h0_ref`` and ``ht_ref`` are ``[B, H, V, K]``
+    (transposed by the wrapper). ``ablation``: :data:`RS_ABLATIONS`.
+    """
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    ring, rest = tuple(rest[:_IN_COPIES]), rest[_IN_COPIES:]
+    (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
+     conn_s) = ring
+    if interpret:  # the interpreter has no RefUnion (and no SMEM limit)
+        sb_s, state_s, *rest = rest
+    else:
+        (sb_s, state_s), *rest = rest
+    vn_s, o_s, in_bar, in_free, ag_ready, s_ready, s_free, io_bar, done, *shim = rest
+    (kt0_s, kt1_s, p_s, agt_s, st_s, vnt_s, sl_s, xt_s,
+     vdt_s) = shim if interpret else (None,) * 9
+    gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
+            conn_ref)
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+    dtype = v_s.dtype
+    sq = (CHUNK, CHUNK)
+    tile = (CHUNK, BLOCK_V)  # o, Q S, P v_new
+    tile_t = (BLOCK_V, CHUNK)  # X^T, v_new^T, S^T K^T
+
+    def by_col(x, shape):
+        return lax.broadcast_in_dim(x, shape, [1])
+
+    @pl.when(wg == 2)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        mgl.ring_producer(kfused._t0_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks,
+                          in_free, stages=depth)
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        h0 = h0_ref.at[b, h, cols, :] if has_h0 else None  # S^T, [64, K]
+        s0 = mgl.entry_state(h0, state_s, io_bar, (BLOCK_V, dk), interpret)
+        if interpret or TRANSPOSED_V_LOAD:
+            eye = None
+        else:  # I V^T instead of a transposed load (jax 0.10.2); 16 registers a thread
+            vsq = (BLOCK_V, BLOCK_V)
+            eye = (mgl.iota(vsq, 0, False) == mgl.iota(vsq, 1, False)).astype(dtype)
+
+        def step(n, s):
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+
+            @pl.when(n >= 2)
+            def _():  # the output warpgroup has read the tiles published two chunks ago
+                plgpu.barrier_wait(s_free.at[half])
+
+            s_lo = s.astype(dtype)  # S^T in 16 bits: the left operand of S^T K^T, published
+            sb_s.at[half][...] = s_lo  # fenced with v_new^T below (one fence per chunk)
+            plgpu.barrier_wait(in_bar.at[slot])
+            k_t = mgl.transposed(k_s.at[slot], kt0_s, interpret)  # [K, C]
+            s_op = mgl.lhs_operand(s_lo, sl_s, interpret)
+
+            if eye is not None:  # jax 0.10.2: V^T as the exact product I V^T, issued with
+                # S^T K^T (16-bit values times 1, one term per fp32 sum)
+                def state_in(ks_acc, v_acc):
+                    plgpu.wgmma(ks_acc, s_op, k_t)  # S^T K^T, [64, C]
+                    plgpu.wgmma(v_acc, eye, v_s.at[slot].transpose((1, 0)))
+                    return ks_acc[...], v_acc[...]
+
+                ks_t, v_t = lax.optimization_barrier(pl.run_scoped(
+                    state_in, plgpu.ACC(tile_t), plgpu.ACC(tile_t)))
+            else:
+                def state_in(ks_acc):
+                    plgpu.wgmma(ks_acc, s_op, k_t)  # S^T K^T, [64, C]
+                    if interpret:
+                        v_t = v_s.at[slot][...].T
+                    else:  # the transposed load runs while S^T K^T is on the tensor cores
+                        v_t = mgl.load(v_s.at[slot].transpose((1, 0)), _WGMMA)
+                    return ks_acc[...], v_t.astype(jnp.float32)
+
+                ks_t, v_t = lax.optimization_barrier(pl.run_scoped(
+                    state_in, plgpu.ACC(tile_t)))
+            # log2 units: exp2 of differences of scaled vectors (one multiply per element of
+            # a vector, none per element of a tile)
+            g_j = mgl.load_cols(g_col_s.at[slot], interpret) * _LOG2E
+            g_last = g_row_s[slot, CHUNK - 1] * _LOG2E
+            # The entering state reaches token t as conn_t e^{G_t} (<= 1): a column scale.
+            q_decay = jnp.exp2(g_j) * mgl.load_cols(conn_s.at[slot], interpret)
+            x_t = v_t - ks_t * by_col(q_decay, tile_t)  # X^T, fp32
+            plgpu.barrier_wait(ag_ready.at[slot])  # Ag_< of chunk n over T0 in the stage
+            x_op = mgl.lhs_operand(x_t.astype(dtype), xt_s, interpret)
+            ag_t = mgl.transposed(t0_s.at[slot], agt_s, interpret)  # Ag_<^T, [C, C]
+
+            def solve(acc):
+                plgpu.wgmma(acc, x_op, ag_t)  # X^T Ag_<^T, [64, C]
+                return acc[...]
+
+            vn_t = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile_t)))
+            # T0's unit diagonal in fp32: Ag_ii X_i = beta_i X_i, unrounded (a column scale).
+            vn_t = vn_t + x_t * by_col(mgl.load_cols(b_col_s.at[slot], interpret), tile_t)
+            vn_s.at[half][...] = vn_t.astype(dtype)
+            plgpu.commit_smem()  # the chunk's one fence: S^T and v_new^T
+            plgpu.barrier_arrive(s_ready.at[half])
+            # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is
+            # 0 when a document starts inside the chunk (conn of its last token).
+            k_decay = jnp.exp2(g_last - g_j) * mgl.load_cols(last_s.at[slot], interpret)
+            s_decay = jnp.exp2(g_last) * conn_s[slot, CHUNK - 1]
+            vd_op = mgl.lhs_operand((vn_t * by_col(k_decay, tile_t)).astype(dtype), vdt_s,
+                                    interpret)
+            s_new = _acc_plus(s * s_decay, vd_op, k_s.at[slot], interpret)  # [64, K]
+            plgpu.barrier_arrive(in_free.at[slot])  # k, v, Ag of the stage no longer read here
+            return s_new
+
+        def frozen_step(n, s):  # ablation="readout": S^T frozen, v_new^T = 0, no products
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+
+            @pl.when(n >= 2)
+            def _():
+                plgpu.barrier_wait(s_free.at[half])
+
+            sb_s.at[half][...] = s.astype(dtype)
+            vn_s.at[half][...] = mgl.zeros_acc(tile_t, interpret).astype(dtype)
+            plgpu.barrier_wait(in_bar.at[slot])
+            plgpu.barrier_wait(ag_ready.at[slot])
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s
+
+        s = lax.fori_loop(0, num_chunks, frozen_step if ablation == "readout" else step, s0)
+        for n in range(max(num_chunks - 2, 0), num_chunks):  # the last publications were read
+            plgpu.barrier_wait(s_free.at[n % 2])
+        # state_s shares SMEM with sb_s on the GPU: free once both halves were read (above).
+        mgl.store_state(s, state_s, ht_ref.at[b, h, cols, :], wait_stores=False)
+
+    @pl.when(wg == 1)
+    def _output():
+        plgpu.set_max_registers(232, action="increase")
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+
+        def form_ag(slot):
+            """The chunk's mask D (log2 units) and Ag_< over T0 (committed, ag_ready);
+            returns D and the rows of G (log2 units)."""
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret) * _LOG2E
+            g_j = mgl.load_cols(g_col_s.at[slot], interpret) * _LOG2E
+            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+            keep = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j, sq))
+            # masked before exp2: D <= 1, nothing overflows above the diagonal
+            decay = jnp.exp2(jnp.where(keep, mgl.by_row(g_i, sq) - by_col(g_j, sq), -jnp.inf))
+            beta_j = by_col(mgl.load_cols(b_col_s.at[slot], interpret), sq)
+            t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+            # Ag_<: T0 D diag(beta) below the diagonal, rounded once to 16 bits, over T0 (only
+            # this warpgroup reads T0, before this write); the diagonal is the state
+            # warpgroup's, in fp32.
+            t0_s.at[slot][...] = jnp.where(j < i, t0 * decay * beta_j, 0.0).astype(dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(ag_ready.at[slot])
+            return decay, g_i
+
+        def state_only_step(n, carry):  # ablation="state": Ag for the chain, no read-out
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+            plgpu.barrier_wait(in_bar.at[slot])
+            form_ag(slot)
+            plgpu.barrier_wait(s_ready.at[half])
+            plgpu.barrier_arrive(s_free.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            return carry
+
+        def step(n, carry):
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            plgpu.barrier_wait(in_bar.at[slot])
+            k_t = mgl.transposed(k_s.at[slot], kt1_s, interpret)
+
+            def scores(acc):
+                plgpu.wgmma(acc, q_s.at[slot], k_t)  # Q K^T, [C, C]
+                # While it runs: the mask D once per chunk (for Ag here, for P below).
+                decay, g_i = form_ag(slot)
+                return acc[...], decay, g_i
+
+            qk, decay, g_i = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
+            p_op = mgl.lhs_operand((qk * decay).astype(dtype), p_s, interpret)  # P, registers
+            q_decay = jnp.exp2(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
+            plgpu.barrier_wait(s_ready.at[half])
+            s_op = mgl.transposed(sb_s.at[half], st_s, interpret)  # S, [K, 64]
+            vn_op = mgl.transposed(vn_s.at[half], vnt_s, interpret)  # v_new, [C, 64]
+
+            def out(qs_acc, pv_acc):  # issued together
+                plgpu.wgmma(qs_acc, q_s.at[slot], s_op)  # Q S, [C, 64]
+                plgpu.wgmma(pv_acc, p_op, vn_op)  # P v_new, [C, 64]
+                return qs_acc[...], pv_acc[...]
+
+            qs, pv = lax.optimization_barrier(pl.run_scoped(
+                out, plgpu.ACC(tile), plgpu.ACC(tile)))
+            plgpu.barrier_arrive(s_free.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
+            o_s.at[half][...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
+            return carry
+
+        lax.fori_loop(0, num_chunks, state_only_step if ablation == "state" else step, 0)
+        plgpu.wait_smem_to_gmem(0)
+
+    # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages", "ablation"))
+def chunk_delta_fused_rs_fwd_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    t0: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    *,
+    scale: float,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+    stages: Optional[int] = None,
+    ablation: str = "full",
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
+) -> Tuple[jax.Array, jax.Array]:
+    """The forward of the gated delta rule from ``T0`` with ``S^T`` in registers (module
+    docstring): ``o`` and the final state, nothing for a backward.
+
+    Computes per batch row and value head the token recurrence
+    ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)``, ``S_t = e^{g_t} S_{t-1} + k_t u_t^T``,
+    ``o_t = scale S_t^T q_t`` (state reset to zero where ``segment_ids`` changes;
+    :func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`, paper
+    arXiv 2607.07953 Eqs. 15-17) in its chunk form (module docstring).
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query/key head ``h // (H // Hk)``, GVA); used as given (L2-normalise beforehand).
+        k: keys ``[B, T, Hk, K]``, q's shape and dtype.
+        v: values ``[B, T, H, V]``, k's dtype. ``K, V`` in {64, 128}.
+        t0: the gate-free inverse ``[B, T, H, 64]`` in k's dtype, as
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_kkt_inverse_mosaic`
+            writes it (its unit diagonal is taken as exactly 1 and not read).
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        beta: write strengths ``[B, T, H]``, any float dtype (read as fp32).
+        scale: read-out scale (static).
+        initial_state: ``[B, H, K, V]`` state before the first token (read as fp32), or
+            ``None`` for zeros; it applies to the first document of each row only.
+        segment_ids: optional int ``[B, T]``; documents may start anywhere, also inside a
+            chunk (exact: the masks and the document vectors).
+        interpret: Mosaic GPU interpret mode (CPU; slow, for tests).
+        stages: the TMA ring's depth (static, one of :data:`RS_STAGES`), or ``None`` for
+            :func:`rs_ring_depth` (3 at every supported shape).
+        ablation: a timing ablation (static, one of :data:`RS_ABLATIONS`; benchmarks only):
+            ``"full"`` (default) is the kernel; ``"state"`` returns an unwritten (arbitrary)
+            ``o`` and the final state; ``"readout"`` returns
+            ``o_t = scale conn_t e^{G_t} S_0^T q_t`` (``S_0`` in 16 bits, ``G`` chunk-local)
+            and the initial state. Kernel name :func:`rs_kernel_name`.
+        gate_cumsum, doc_vecs: ``g``'s chunk-local cumsum (fp32 ``[B, H, Tp]``) and the
+            document vectors (three fp32 ``[B, Tp]``) when the caller formed them already
+            (``mosaic_vjp``), else ``None``.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in v's dtype, ``final_state``
+        ``[B, H, K, V]`` fp32. The roundings of ``fused_t0_split``'s ``state_layout="vk"``:
+        16-bit ``wgmma`` operands (``S``, ``X``, ``Ag_<``, ``P``, ``v_new``, the decayed
+        ``v_new``) with fp32 accumulation, ``Ag``'s diagonal ``beta X`` unrounded.
+
+    Raises:
+        ValueError: as :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.
+            check_fused_t0_inputs` (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``,
+            ``g``, ``beta``, ``segment_ids``, ``initial_state``); ``stages`` not ``None`` or in
+            :data:`RS_STAGES`; ``ablation`` not in :data:`RS_ABLATIONS`.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    kfused.check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state)
+    if stages is not None and stages not in RS_STAGES:
+        raise ValueError(f"stages must be None or one of {RS_STAGES}, got {stages!r}")
+    if ablation not in RS_ABLATIONS:
+        raise ValueError(f"ablation must be one of {RS_ABLATIONS}, got {ablation!r}")
+    depth = rs_ring_depth(dk, v.dtype) if stages is None else stages
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens: q = k = v = 0, T0 rows = 0, beta = 0, g = 0: v_new = 0, o = 0 there and
+    # the state unchanged.
+    q, k, v, t0 = (mgl.pad_time(x, num_chunks) for x in (q, k, v, t0))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)
+    dtype = v.dtype
+    vec = plgpu.SMEM((depth, CHUNK), jnp.float32)
+    swz = mgl.swizzled_smem
+    ring = [swz((depth, CHUNK, dk), q.dtype), swz((depth, CHUNK, dk), k.dtype),
+            swz((depth, CHUNK, BLOCK_V), dtype), swz((depth, CHUNK, CHUNK), t0.dtype),
+            vec, vec, vec, vec, vec, vec, vec]  # g rows, g cols, beta, doc x2, last, conn
+    sb = swz((2, BLOCK_V, dk), dtype)  # sb_s: S^T in 16 bits, published (two halves)
+    state = swz((BLOCK_V, dk), jnp.float32)  # state_s: staging of h0^T and the final S^T
+    scratch = ring + ([sb, state] if interpret else [plgpu.RefUnion(sb, state)]) + [
+        swz((2, BLOCK_V, CHUNK), dtype),  # vn_s: v_new^T, published (two halves)
+        swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
+        plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=depth),  # in_bar
+        plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # in_free: both consumers done
+        plgpu.Barrier(num_arrivals=1, num_barriers=depth),  # ag_ready: Ag_< over T0 written
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S^T, v_new^T published
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: both were read
+        plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+        plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
+    ]
+    if interpret:  # SMEM copies of register operands and transposed views
+        scratch += [plgpu.SMEM((dk, CHUNK), k.dtype)] * 2  # kt0_s, kt1_s
+        scratch += [swz(sq, dtype) for sq in (
+            (CHUNK, CHUNK), (CHUNK, CHUNK), (dk, BLOCK_V), (CHUNK, BLOCK_V),  # p, agt, st, vnt
+            (BLOCK_V, dk), (BLOCK_V, CHUNK), (BLOCK_V, CHUNK))]  # sl, xt, vdt
+    kernel = functools.partial(_rs_kernel, num_chunks=num_chunks, group=heads // kv_heads,
+                               scale=float(scale), has_h0=initial_state is not None,
+                               depth=depth, interpret=interpret,
+                               **({} if ablation == "full" else {"ablation": ablation}))
+    call = plgpu.kernel(
+        kernel,
+        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
+                  jax.ShapeDtypeStruct((batch, heads, dv, dk), jnp.float32)),  # final S^T
+        scratch_types=scratch,
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=mgl.compiler_params(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name=rs_kernel_name(depth, ablation),
+    )
+    # The kernel carries S^T: [B, H, V, K] in and out (transposed here, in XLA).
+    h0 = () if initial_state is None else (
+        jnp.swapaxes(initial_state.astype(jnp.float32), -1, -2),)
+    with jax.named_scope("gdn_chunk_delta_fused_rs_fwd_mosaic"):
+        o, final_t = call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0)
+    return o[:, :seq_len], jnp.swapaxes(final_t, -1, -2)
