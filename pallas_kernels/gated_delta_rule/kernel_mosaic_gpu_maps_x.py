@@ -346,7 +346,8 @@ def chunk_delta_piece_maps_x_mosaic(
     swz = mgl.swizzled_smem
     # SMEM at K = V = 128, bf16: the ring 2 x (16 + 16 + 8 + 8) KB + 7 vectors (1 KB each,
     # aligned); per chain a 16-bit state (16), the decayed v_new (8), the fp32 staging (32):
-    # 96 + 7 + 2 x 56 = 215 KB of the 227.
+    # 96 + 7 + 2 x 56 = 215 KB; Mosaic GPU's count, barriers included, is 220,208 bytes of the
+    # 232,448 (offline_ptxas.py, MOSAIC_GPU.md Sec. 57).
     scratch = [
         swz((STAGES, CHUNK, dk), k.dtype),  # k_s
         swz((STAGES, CHUNK, dk), w.dtype),  # w_s
