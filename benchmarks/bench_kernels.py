@@ -157,6 +157,13 @@ _MOSAIC_PIECE_SKIP = flags.DEFINE_bool(
     "launch writes M_p = 0 for a piece with a document start, the summary launch starts at the "
     "piece's last one; MOSAIC_GPU.md Sec. 52; only with documents, e.g. P1); unset: the op's "
     "default (off). Recorded with every mosaic record (mosaic_piece_skip: the value in force).")
+_MOSAIC_MAPS_CARRY_X = flags.DEFINE_bool(
+    "mosaic_maps_carry_x", None,
+    "Peer mosaic, gdn and deltanet: set mosaic_vjp.MAPS_CARRY_X for this process: on, the "
+    "fused_t0 forward's sequence pieces (rows with few CTAs: S2, P1) form their maps M_p and "
+    "their passes from zero X_p in one launch (gdn_chunk_delta_h_maps_x; no summary launch; "
+    "MOSAIC_GPU.md Sec. 57; composes with --mosaic_piece_skip); unset: the op's default (off). "
+    "Recorded with every mosaic record (mosaic_maps_carry_x: the value in force).")
 _MOSAIC_APPROX_MATH = flags.DEFINE_bool(
     "mosaic_approx_math", None,
     "Every Mosaic GPU kernel of ours (peers mosaic and ours: GDN, DeltaNet, simple_gla, the "
@@ -1013,6 +1020,7 @@ def run_jax(records):
                             rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                             rec["mosaic_t0_pieces"] = mosaic_vjp.FUSED_T0_PIECES
                             rec["mosaic_piece_skip"] = mosaic_vjp.PIECE_SKIP
+                            rec["mosaic_maps_carry_x"] = mosaic_vjp.MAPS_CARRY_X
                         if peer == "mosaic" and op == "lightning":
                             from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
                             # the value in force, and the forward the pass resolved to
@@ -1482,6 +1490,9 @@ def main(argv):
     if _MOSAIC_PIECE_SKIP.value is not None:
         from pallas_kernels.gated_delta_rule import mosaic_vjp
         mosaic_vjp.PIECE_SKIP = _MOSAIC_PIECE_SKIP.value
+    if _MOSAIC_MAPS_CARRY_X.value is not None:
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
+        mosaic_vjp.MAPS_CARRY_X = _MOSAIC_MAPS_CARRY_X.value
     if _MOSAIC_APPROX_MATH.value is not None:
         from pallas_kernels.common import mosaic_gpu_lib
         mosaic_gpu_lib.APPROX_MATH = _MOSAIC_APPROX_MATH.value

@@ -594,6 +594,11 @@ OP_KERNELS = {
     "gdn_fused_t0_pieces_skip": ("gdn", "fused_t0_pieces_skip",
                                  ("gdn_chunk_delta_h_maps_skip",
                                   "gdn_chunk_delta_fused_t0_fwd_summary_skip")),
+    # the maps and the passes from zero in one launch (mosaic_vjp.MAPS_CARRY_X, MOSAIC_GPU.md
+    # Sec. 57: no summary launch), and with PIECE_SKIP
+    "gdn_fused_t0_pieces_x": ("gdn", "fused_t0_pieces_x", ("gdn_chunk_delta_h_maps_x",)),
+    "gdn_fused_t0_pieces_x_skip": ("gdn", "fused_t0_pieces_x_skip",
+                                   ("gdn_chunk_delta_h_maps_x_skip",)),
     "gdn_bwd_dv_local": ("gdn", "three_pass", ("gdn_chunk_dv_local",)),
     "gdn_bwd_dh": ("gdn", "three_pass", ("gdn_chunk_delta_dh",)),
     # the sequence pieces' launches of both state passes (rows with few CTAs, e.g.
@@ -766,9 +771,12 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
     from pallas_kernels.gated_delta_rule import mosaic_vjp
     from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
-    # "fused_t0" with FUSED_T0_PIECES (Sec. 42), "_skip" also with PIECE_SKIP (Sec. 52)
-    skip = forward == "fused_t0_pieces_skip"
-    pieces = forward in ("fused_t0_pieces", "fused_t0_pieces_skip")
+    # "fused_t0" with FUSED_T0_PIECES (Sec. 42), "_skip" also with PIECE_SKIP (Sec. 52), "_x"
+    # also with MAPS_CARRY_X (Sec. 57)
+    skip = forward in ("fused_t0_pieces_skip", "fused_t0_pieces_x_skip")
+    carry_x = forward in ("fused_t0_pieces_x", "fused_t0_pieces_x_skip")
+    pieces = forward in ("fused_t0_pieces", "fused_t0_pieces_skip", "fused_t0_pieces_x",
+                         "fused_t0_pieces_x_skip")
     forward = "fused_t0" if pieces else forward
     spec = jax.ShapeDtypeStruct
     dt = jnp.dtype(dtype)
@@ -801,6 +809,7 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, pieces
     as_pieces, mosaic_vjp.FUSED_T0_PIECES = mosaic_vjp.FUSED_T0_PIECES, pieces
     piece_skip, mosaic_vjp.PIECE_SKIP = mosaic_vjp.PIECE_SKIP, skip
+    maps_x, mosaic_vjp.MAPS_CARRY_X = mosaic_vjp.MAPS_CARRY_X, carry_x
     try:
         return export_modules(step, qk, qk, tok_v, gate, gate, tok_v, seg=seg)
     finally:
@@ -809,6 +818,7 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
         mosaic_vjp.FUSED_T0_FALLBACK = fallback
         mosaic_vjp.FUSED_T0_PIECES = as_pieces
         mosaic_vjp.PIECE_SKIP = piece_skip
+        mosaic_vjp.MAPS_CARRY_X = maps_x
 
 
 _EXPORTS: Dict = {}

@@ -94,6 +94,10 @@
 #               then fused_rs with a two-stage ring, then its gpu tests (decision rule in Sec. 56)
 #   rs_prof 170 Sec. 56: fused_rs's stage ablations (state, readout, full; profile_fwd.py
 #               --rs_stages=3) and fused_t0's full at S1, ptxas lines (the rule's next step)
+#   mapsx 540   Sec. 57: GDN at S2 and P1, fwd and fwd+bwd, the pieces' maps and passes from zero
+#               in one launch (--mosaic_maps_carry_x, jla beside) and not, then at P1 with
+#               --mosaic_piece_skip as well, three processes; then MapsCarryXGpuTest (decision
+#               rule in Sec. 57)
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -141,6 +145,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
   lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
   rs) echo 550;; rs_prof) echo 170;;
+  mapsx) echo 540;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -711,6 +716,28 @@ run_rs_prof() {  # Sec. 56: where fused_rs's time goes (state alone, read-out al
   grep -a -h -E '^\| ' $O/rs_prof/*.md | cut -c1-220
   grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs_prof/rs.log \
     | sort -u | head -6 | cut -c1-300
+}
+run_mapsx() {  # Sec. 57: M_p and X_p in one launch (no summary launch), on and off, + skip
+  mkdir -p $O/mapsx; local s=$SECONDS
+  timeout 160 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla \
+    --passes=fwdbwd,fwd --shapes=S2,P1 --mosaic_maps_carry_x --breakdown_top=16 --iters=30 \
+    --warmup=5 --out=$O/mapsx/on > $O/mapsx/on.log 2>&1
+  echo "carry x on rc=$? t=$((SECONDS-s))s"
+  timeout 120 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic \
+    --passes=fwdbwd,fwd --shapes=S2,P1 --nomosaic_maps_carry_x --breakdown_top=16 --iters=30 \
+    --warmup=5 --out=$O/mapsx/off > $O/mapsx/off.log 2>&1
+  echo "carry x off rc=$? t=$((SECONDS-s))s"
+  timeout 100 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic \
+    --passes=fwdbwd,fwd --shapes=P1 --mosaic_maps_carry_x --mosaic_piece_skip \
+    --breakdown_top=16 --iters=30 --warmup=5 --out=$O/mapsx/skip > $O/mapsx/skip.log 2>&1
+  echo "carry x + piece skip rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/mapsx/*.log | cut -c1-300
+  grep -a -h -o '"mosaic_maps_carry_x": [a-z]*\|"mosaic_piece_skip": [a-z]*' $O/mapsx/*.log \
+    | sort | uniq -c
+  tab_show $O/mapsx/*.jsonl
+  timeout $((530 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider \
+    $T/kernel_mosaic_gdn_maps_x_test.py > $O/mapsx/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"; tail -15 $O/mapsx/tests.log | cut -c1-300
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

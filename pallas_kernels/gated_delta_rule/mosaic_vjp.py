@@ -94,6 +94,7 @@ from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd_fused as kbf
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_maps_x as kmx
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
@@ -157,6 +158,16 @@ FUSED_T0_PIECES = True
 # only from its first document start down (chunk_delta_dh_mosaic(piece_skip=True), kernel
 # ..._pieces_skip). Without documents nothing changes. Off until a GPU timing at P1 (Sec. 52).
 PIECE_SKIP = False
+
+# Whether the fused T0 forward's sequence pieces form their maps M_p and their passes from zero
+# X_p in one launch (MOSAIC_GPU.md Sec. 57, issue 29 Sec. 49 finding 2:
+# kernel_mosaic_gpu_maps_x.chunk_delta_piece_maps_x_mosaic, kernel gdn_chunk_delta_h_maps_x)
+# instead of the maps launch plus a second run of the fused T0 kernel (summary=True). One CTA
+# per (piece, head, 64 columns) carries both chains over one shared TMA ring (the k and W reads
+# shared); the local chain takes v_new as Ag V - W X (Ag V issued beside W X), so it is as deep
+# as the maps chain. Composes with PIECE_SKIP (..._maps_x_skip). Off until a GPU timing at S2
+# and P1 (Sec. 57's rule).
+MAPS_CARRY_X = False
 
 # The forward of :func:`gated_delta_rule_mosaic` when none is named. "fused_t0" since
 # 2026-12-06 (MOSAIC_GPU.md Sec. 38.1): on an H100 at S1 (B 8, T 4096, H 16, K = V = 128, bf16)
@@ -410,7 +421,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         o, final_state, v_new, h, maps = _fused_t0_pieces(
             q, k, v, t0, w, g, beta, initial_state, gc, docs, pieces=pieces, scale=scale,
             store_v_new=store_v_new, store_h=residuals, interpret=interpret,
-            piece_skip=PIECE_SKIP and segment_ids is not None)
+            piece_skip=PIECE_SKIP and segment_ids is not None, carry_x=MAPS_CARRY_X)
         return (o, final_state), ((w, h, v_new, maps, t0) if residuals
                                   else (None, None, v_new, None, None))
     if forward in ("fused_t0", "fused_t0_split"):
@@ -448,7 +459,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
 
 
 def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces, scale,
-                     store_v_new, store_h, interpret, piece_skip=False):
+                     store_v_new, store_h, interpret, piece_skip=False, carry_x=False):
     """``forward="fused_t0"`` on rows cut into ``pieces`` sequence pieces (MOSAIC_GPU.md
     Sec. 42): ``(o, final_state, v_new, h, maps)``.
 
@@ -464,14 +475,25 @@ def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces
     with documents, MOSAIC_GPU.md Sec. 52): the per-piece chunk of the last document start
     (int32 ``[B * P]``, :func:`pallas_kernels.common.mosaic_gpu_lib.piece_cuts`) lets the
     maps launch write ``M_p = 0`` without its chain and the summary start there; the same
-    results up to the sign of zeros."""
+    results up to the sign of zeros. ``carry_x`` (:data:`MAPS_CARRY_X`, MOSAIC_GPU.md
+    Sec. 57): ``M_p`` and ``X_p`` from one launch
+    (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_maps_x.chunk_delta_piece_maps_x_mosaic`),
+    no summary launch; ``M_p`` bit-equal, ``X_p`` within the 16-bit operand rounding (its
+    ``v_new`` is ``Ag V - W X`` instead of ``Ag (V - diag(conn e^G) K X)``), with or without
+    ``piece_skip``."""
     batch, seq_len, heads, dv = v.shape
     dk = k.shape[-1]
     num_chunks = -(-seq_len // mgl.CHUNK)
     cuts = mgl.piece_cuts(docs[1], pieces) if piece_skip else None  # [B * P] int32
-    maps = kgd.chunk_delta_piece_maps_mosaic(
-        k, w, g, pieces=pieces, gate_cumsum=gc, doc_vecs=docs, interpret=interpret,
-        **({"piece_skip": True, "piece_cuts": cuts} if piece_skip else {}))
+    skip_args = {"piece_skip": True, "piece_cuts": cuts} if piece_skip else {}
+    if carry_x:  # M_p and X_p in one launch (MOSAIC_GPU.md Sec. 57)
+        maps, x_local = kmx.chunk_delta_piece_maps_x_mosaic(
+            k, v, t0, w, g, beta, pieces=pieces, gate_cumsum=gc, doc_vecs=docs,
+            interpret=interpret, **skip_args)
+    else:
+        maps = kgd.chunk_delta_piece_maps_mosaic(
+            k, w, g, pieces=pieces, gate_cumsum=gc, doc_vecs=docs, interpret=interpret,
+            **skip_args)
     split = functools.partial(mgl.split_rows, pieces=pieces)
     pad = functools.partial(mgl.pad_time, num_chunks=num_chunks)
     qp, kp, vp, t0p = (split(pad(x)) for x in (q, k, v, t0))
@@ -481,7 +503,8 @@ def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces
     run = functools.partial(kfused.chunk_delta_fused_t0_fwd_mosaic, qp, kp, vp, t0p, gp, betap,
                             scale=scale, interpret=interpret, gate_cumsum=gcp,
                             doc_vecs=tuple(split(x) for x in docs), pieces=pieces)
-    _, x_local, _, _ = run(summary=True, **({} if cuts is None else {"piece_cuts": cuts}))
+    if not carry_x:  # X_p from the fused T0 kernel's state chain from zero
+        _, x_local, _, _ = run(summary=True, **({} if cuts is None else {"piece_cuts": cuts}))
     entries = mgl.scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv),
                                   initial_state, reverse=False)
     o, finals, v_new, h = run(initial_state=entries.reshape(batch * pieces, heads, dk, dv),
