@@ -43,6 +43,18 @@ The schedule is the one MOSAIC_GPU.md Sec. 35.1 describes for jla's fused forwar
   ``Q S`` and ``P v_new`` (transposed views of the published tiles) in one group, and ``o``
   through a double-buffered SMEM tile by TMA.
 
+Residual form (``store_h`` / ``store_v_new``; MOSAIC_GPU.md Sec. 58; ``mosaic_vjp.RS_RESIDUALS``
+runs it under differentiation): the backward's ``h`` (``[B, H, N, K, V]``, the state entering
+each chunk) and ``v_new`` (``[B, T, H, V]``), in the layouts and dtypes of ``fused_t0``'s
+residuals. TMA cannot transpose, and the state warpgroup's tiles are transposed (``S^T``,
+``v_new^T``), so the output warpgroup, right after it issued ``Q S`` and ``P v_new`` from the
+published tiles, loads them back transposed into registers (jax >= 0.11; on 0.10.2 the exact
+products ``I S``, ``I v_new``), writes ``S`` and ``v_new`` into double-buffered staging tiles
+and sends them out by TMA, committed with ``o`` as one bulk group per chunk. The state chain
+is unchanged (its module and roundings), and the values stored are exactly the 16-bit
+operands the read-out uses. The staging tiles (48 KB at ``K = 128``) leave room for a
+two-stage ring only there (:func:`rs_ring_depth`).
+
 Every decay is an ``exp2`` of gates scaled by ``log2 e`` per vector element (the ``[64, 64]``
 mask needs no multiply per element). ``V^T`` is loaded into registers through a transposed
 view on jax >= 0.11 (:data:`TRANSPOSED_V_LOAD`); jax 0.10.2 cannot load a transposed swizzled
