@@ -523,7 +523,9 @@ def chunk_delta_fused_rs_fwd_mosaic(
             check_fused_t0_inputs` (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``,
             ``g``, ``beta``, ``segment_ids``, ``initial_state``); ``stages`` not ``None`` or in
             :data:`RS_STAGES`; ``ablation`` not in :data:`RS_ABLATIONS`, or other than
-            ``"full"`` with ``store_h`` / ``store_v_new``.
+            ``"full"`` with ``store_h`` / ``store_v_new``; a ``stages`` whose SMEM
+            (:func:`rs_smem_bytes`) is over 227 KB (not interpreting; ``stages=3`` with
+            ``store_h`` at ``K = 128``).
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -537,6 +539,11 @@ def chunk_delta_fused_rs_fwd_mosaic(
         raise ValueError(f"ablation={ablation!r} is a timing ablation without residuals; got "
                          f"{store_h=}, {store_v_new=}")
     depth = rs_ring_depth(dk, v.dtype, store_h, store_v_new) if stages is None else stages
+    need = rs_smem_bytes(dk, v.dtype, depth, store_h, store_v_new)
+    if not interpret and need > _SMEM_LIMIT:  # e.g. stages=3 with store_h at K = 128
+        raise ValueError(f"stages={depth} with {store_h=}, {store_v_new=} needs {need} bytes of "
+                         f"SMEM at K = {dk}, over {_SMEM_LIMIT}: use stages=None "
+                         f"({rs_ring_depth(dk, v.dtype, store_h, store_v_new)})")
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     # Padding tokens: q = k = v = 0, T0 rows = 0, beta = 0, g = 0: v_new = 0, o = 0 there and

@@ -210,6 +210,10 @@ class RsTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "without residuals"):
             krs.chunk_delta_fused_rs_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1,
                                                 ablation="state", store_h=True)
+        q2, k2, v2, g2, beta2, _, _ = t0_test._inputs(1, 100, 1, 1, 128, 128, 0.2, False, None)
+        with self.assertRaisesRegex(ValueError, "268544 bytes of SMEM"):
+            krs.chunk_delta_fused_rs_fwd_mosaic(q2, k2, v2, t0, g2, beta2, scale=0.1, stages=3,
+                                                store_h=True, store_v_new=True)
 
 
 class RsResidualTest(parameterized.TestCase):
