@@ -92,6 +92,12 @@ RS_STAGES = (2, 3)  # ring depths the kernel takes
 # chain frozen at the entry state with v_new = 0 (no state products): o = scale diag(conn e^G)
 # Q S_0 in every chunk and the final state is the entry state.
 RS_ABLATIONS = ("full", "state", "readout")
+# Which warpgroup untransposes the residual form's h and v_new (MOSAIC_GPU.md Sec. 58.5):
+# "output" (default), the output warpgroup loads the published S^T / v_new^T back transposed
+# into staging tiles (48 KB more SMEM at K = 128: two stages); "state", the state warpgroup
+# publishes S and v_new untransposed (stores through a transposed view, jax >= 0.11 only) and
+# TMA-stores the published tiles themselves (no staging: three stages fit).
+RS_RESIDUAL_FROM = ("output", "state")
 _LOG2E = 1.4426950408889634
 _SMEM_LIMIT = 227 * 1024  # Hopper's dynamic SMEM per block
 _BARRIER_BYTES = 1024  # the barriers' SMEM, rounded up
@@ -103,40 +109,46 @@ TRANSPOSED_V_LOAD = tuple(jax.__version_info__[:2]) >= (0, 11)
 
 
 def rs_smem_bytes(dk: int, dtype, depth: int, store_h: bool = False,
-                  store_v_new: bool = False) -> int:
+                  store_v_new: bool = False, residual_from: str = "output") -> int:
     """SMEM of the kernel (not interpreting) with a ``depth``-deep ring, in bytes: per stage
     ``q, k`` (``[64, K]``), ``v``, ``T0`` (``[64, 64]``) and seven fp32 vectors of 64; then the
     published ``S^T`` (two ``[64, K]``, 16 bits) sharing its bytes with the fp32 staging tile of
     the entry / final state (``[64, K]``), the published ``v_new^T`` and the ``o`` tiles (two
     ``[64, 64]`` each), and the barriers. The residual form (MOSAIC_GPU.md Sec. 58) adds the
     staging tiles of the stores, double-buffered: ``S`` (two ``[K, 64]``, ``store_h``) and
-    ``v_new`` (two ``[64, 64]``, ``store_v_new``), 16 bits."""
+    ``v_new`` (two ``[64, 64]``, ``store_v_new``), 16 bits; none with
+    ``residual_from="state"`` (the published tiles are stored)."""
     isz = jnp.dtype(dtype).itemsize
     per_stage = 2 * CHUNK * dk * isz + 2 * CHUNK * CHUNK * isz + 7 * CHUNK * 4
     fixed = max(2 * BLOCK_V * dk * isz, BLOCK_V * dk * 4) + 4 * CHUNK * BLOCK_V * isz
-    fixed += (2 * dk * BLOCK_V * isz if store_h else 0) + (
-        2 * CHUNK * BLOCK_V * isz if store_v_new else 0)
+    if residual_from == "output":
+        fixed += (2 * dk * BLOCK_V * isz if store_h else 0) + (
+            2 * CHUNK * BLOCK_V * isz if store_v_new else 0)
     return depth * per_stage + fixed + _BARRIER_BYTES
 
 
-def rs_ring_depth(dk: int, dtype, store_h: bool = False, store_v_new: bool = False) -> int:
+def rs_ring_depth(dk: int, dtype, store_h: bool = False, store_v_new: bool = False,
+                  residual_from: str = "output") -> int:
     """The deepest ring of :data:`RS_STAGES` whose :func:`rs_smem_bytes` fits in 227 KB: 3 for
     every supported ``K`` and dtype without stores (219,392 bytes by this count at ``K = 128``
     in 16 bits, 220,280 by ptxas); with ``store_h`` at ``K = 128`` 2 (the residual tiles add
-    48 KB: 3 stages would need 268,544)."""
+    48 KB: 3 stages would need 268,544); 3 with ``residual_from="state"``."""
     fits = [d for d in RS_STAGES
-            if rs_smem_bytes(dk, dtype, d, store_h, store_v_new) <= _SMEM_LIMIT]
+            if rs_smem_bytes(dk, dtype, d, store_h, store_v_new, residual_from) <= _SMEM_LIMIT]
     return max(fits) if fits else min(RS_STAGES)
 
 
 def rs_kernel_name(depth: int, ablation: str = "full", store_h: bool = False,
-                   store_v_new: bool = False) -> str:
+                   store_v_new: bool = False, residual_from: str = "output") -> str:
     """The kernel's name (profiles list it apart): ``gdn_chunk_delta_fused_rs_fwd_s<depth>``,
     plus ``_abl_<ablation>`` for an ablation other than ``"full"``, plus ``_res`` for the
-    residual form (``store_h``; MOSAIC_GPU.md Sec. 58) or ``_vn`` (``store_v_new`` alone)."""
+    residual form (``store_h``; MOSAIC_GPU.md Sec. 58) or ``_vn`` (``store_v_new`` alone), then
+    ``_st`` with ``residual_from="state"``."""
+    stores = store_h or store_v_new
     return f"gdn_chunk_delta_fused_rs_fwd_s{depth}" + (
         "" if ablation == "full" else f"_abl_{ablation}") + (
-        "_res" if store_h else "_vn" if store_v_new else "")
+        "_res" if store_h else "_vn" if store_v_new else "") + (
+        "_st" if stores and residual_from == "state" else "")
 
 
 def _acc_plus(init, lhs, rhs, interpret: bool):
@@ -159,7 +171,7 @@ def _acc_plus(init, lhs, rhs, interpret: bool):
 def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref, *rest,
                num_chunks: int, group: int, scale: float, has_h0: bool, depth: int,
                interpret: bool, ablation: str = "full", store_h: bool = False,
-               store_v_new: bool = False):
+               store_v_new: bool = False, residual_from: str = "output"):
     """Kernel body of :func:`chunk_delta_fused_rs_fwd_mosaic` (module docstring); refs are GMEM.
 
     ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch: the ring
@@ -173,6 +185,9 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     ``vdt_s`` the state products' left operands). ``h0_ref`` and ``ht_ref`` are ``[B, H, V, K]``
     (transposed by the wrapper), ``h_ref`` ``[B, H, N, K, V]`` and ``vn_ref`` ``[B, Tp, H, V]``
     (the layouts of ``fused_t0``'s residuals). ``ablation``: :data:`RS_ABLATIONS`.
+    ``residual_from="state"`` (with a store; :data:`RS_RESIDUAL_FROM`): ``sb_s`` and ``vn_s``
+    hold ``S`` (``[2, K, 64]``) and ``v_new`` (``[2, 64, 64]``) untransposed, TMA-stored by the
+    state warpgroup; no ``hr_s`` / ``vr_s``.
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -187,8 +202,20 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     else:
         (sb_s, state_s), *rest = rest
     vn_s, o_s, in_bar, in_free, ag_ready, s_ready, s_free, io_bar, done, *shim = rest
-    hr_s = shim.pop(0) if store_h else None
-    vr_s = shim.pop(0) if store_v_new else None
+    # residual_from="state": S and v_new are published untransposed and stored from there
+    res_state = (store_h or store_v_new) and residual_from == "state"
+    hr_s = shim.pop(0) if store_h and not res_state else None
+    vr_s = shim.pop(0) if store_v_new and not res_state else None
+
+    def publish(dst, x_t):
+        """``dst[...] = x_t`` (the transposed tile as the state warpgroup holds it) or, with
+        ``res_state``, ``dst[...] = x_t^T`` through a transposed view (jax >= 0.11)."""
+        if not res_state:
+            dst[...] = x_t
+        elif interpret:
+            dst[...] = x_t.T
+        else:
+            dst.transpose((1, 0))[...] = x_t
     (kt0_s, kt1_s, p_s, agt_s, st_s, vnt_s, sl_s, xt_s,
      vdt_s) = shim if interpret else (None,) * 9
     gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
@@ -230,8 +257,10 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             def _():  # the output warpgroup has read the tiles published two chunks ago
                 plgpu.barrier_wait(s_free.at[half])
 
+            if res_state:  # ... and the TMA stores of chunk n - 2 have read them
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             s_lo = s.astype(dtype)  # S^T in 16 bits: the left operand of S^T K^T, published
-            sb_s.at[half][...] = s_lo  # fenced with v_new^T below (one fence per chunk)
+            publish(sb_s.at[half], s_lo)  # fenced with v_new^T below (one fence per chunk)
             plgpu.barrier_wait(in_bar.at[slot])
             k_t = mgl.transposed(k_s.at[slot], kt0_s, interpret)  # [K, C]
             s_op = mgl.lhs_operand(s_lo, sl_s, interpret)
@@ -274,9 +303,16 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             vn_t = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile_t)))
             # T0's unit diagonal in fp32: Ag_ii X_i = beta_i X_i, unrounded (a column scale).
             vn_t = vn_t + x_t * by_col(mgl.load_cols(b_col_s.at[slot], interpret), tile_t)
-            vn_s.at[half][...] = vn_t.astype(dtype)
+            publish(vn_s.at[half], vn_t.astype(dtype))
             plgpu.commit_smem()  # the chunk's one fence: S^T and v_new^T
             plgpu.barrier_arrive(s_ready.at[half])
+            if res_state:  # the residuals from the published tiles, one bulk group a chunk
+                rows = pl.ds(n * CHUNK, CHUNK)
+                if store_h:
+                    plgpu.copy_smem_to_gmem(sb_s.at[half], h_ref.at[b, h, n, :, cols],
+                                            commit_group=not store_v_new)
+                if store_v_new:
+                    plgpu.copy_smem_to_gmem(vn_s.at[half], vn_ref.at[b, rows, h, cols])
             # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is
             # 0 when a document starts inside the chunk (conn of its last token).
             k_decay = jnp.exp2(g_last - g_j) * mgl.load_cols(last_s.at[slot], interpret)
@@ -306,8 +342,9 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
         s = lax.fori_loop(0, num_chunks, frozen_step if ablation == "readout" else step, s0)
         for n in range(max(num_chunks - 2, 0), num_chunks):  # the last publications were read
             plgpu.barrier_wait(s_free.at[n % 2])
-        # state_s shares SMEM with sb_s on the GPU: free once both halves were read (above).
-        mgl.store_state(s, state_s, ht_ref.at[b, h, cols, :], wait_stores=False)
+        # state_s shares SMEM with sb_s on the GPU: free once both halves were read (above),
+        # with res_state also by the TMA stores (wait_stores)
+        mgl.store_state(s, state_s, ht_ref.at[b, h, cols, :], wait_stores=res_state)
 
     @pl.when(wg == 1)
     def _output():
@@ -343,7 +380,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             plgpu.barrier_arrive(in_free.at[slot])
             return carry
 
-        stores = store_h or store_v_new
+        stores = (store_h or store_v_new) and not res_state  # this warpgroup's stores
         if stores and not (interpret or TRANSPOSED_V_LOAD):  # jax 0.10.2: S, v_new as I S
             # and I v_new (exact: 16-bit values times 1), 16 registers a thread
             eye_o = (i == j).astype(dtype)
@@ -407,8 +444,15 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             p_op = mgl.lhs_operand((qk * decay).astype(dtype), p_s, interpret)  # P, registers
             q_decay = jnp.exp2(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             plgpu.barrier_wait(s_ready.at[half])
-            s_op = mgl.transposed(sb_s.at[half], st_s, interpret)  # S, [K, 64]
-            vn_op = mgl.transposed(vn_s.at[half], vnt_s, interpret)  # v_new, [C, 64]
+            if res_state:  # published untransposed
+                s_op, vn_op = sb_s.at[half], vn_s.at[half]
+                if interpret:  # as mgl.transposed's copies fence in the other forms: without
+                    # a fence here the interpreter's race detector reports the ring's refill
+                    # against this warpgroup's row loads (MOSAIC_GPU.md Sec. 58.5)
+                    plgpu.commit_smem()
+            else:
+                s_op = mgl.transposed(sb_s.at[half], st_s, interpret)  # S, [K, 64]
+                vn_op = mgl.transposed(vn_s.at[half], vnt_s, interpret)  # v_new, [C, 64]
 
             if stores:  # o_s, hr_s, vr_s [half] of chunk n - 2 were read (one group a chunk)
                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)
@@ -441,7 +485,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages", "ablation",
-                                             "store_h", "store_v_new"))
+                                             "store_h", "store_v_new", "residual_from"))
 def chunk_delta_fused_rs_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -460,6 +504,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     store_h: bool = False,
     store_v_new: bool = False,
+    residual_from: str = "output",
 ) -> Tuple[jax.Array, ...]:
     """The forward of the gated delta rule from ``T0`` with ``S^T`` in registers (module
     docstring): ``o`` and the final state, and in the residual form (``store_h`` /
@@ -506,6 +551,12 @@ def chunk_delta_fused_rs_fwd_mosaic(
             the ring is then :func:`rs_ring_depth` with the staging tiles (2 at ``K = 128``).
         store_v_new: also write ``v_new`` (static; the backward's residual and the op's ``u``),
             the published ``v_new^T`` untransposed in the same way.
+        residual_from: static, one of :data:`RS_RESIDUAL_FROM` (a timing choice, same values
+            bit for bit; ignored without a store): ``"output"`` (default) as above;
+            ``"state"``, the state warpgroup publishes ``S`` and ``v_new`` untransposed
+            (stores through a transposed SMEM view: jax >= 0.11 on the GPU) and TMA-stores
+            the published tiles; no staging tiles, so three stages fit at ``K = 128``
+            (kernel name suffix ``_st``; MOSAIC_GPU.md Sec. 58.5).
 
     Returns:
         ``(o, final_state)`` without stores: ``o`` ``[B, T, H, V]`` in v's dtype,
@@ -523,7 +574,9 @@ def chunk_delta_fused_rs_fwd_mosaic(
             check_fused_t0_inputs` (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``,
             ``g``, ``beta``, ``segment_ids``, ``initial_state``); ``stages`` not ``None`` or in
             :data:`RS_STAGES`; ``ablation`` not in :data:`RS_ABLATIONS`, or other than
-            ``"full"`` with ``store_h`` / ``store_v_new``; a ``stages`` whose SMEM
+            ``"full"`` with ``store_h`` / ``store_v_new``; ``residual_from`` not in
+            :data:`RS_RESIDUAL_FROM`, or ``"state"`` on the GPU with jax < 0.11; a ``stages``
+            whose SMEM
             (:func:`rs_smem_bytes`) is over 227 KB (not interpreting; ``stages=3`` with
             ``store_h`` at ``K = 128``).
     """
@@ -538,12 +591,22 @@ def chunk_delta_fused_rs_fwd_mosaic(
     if stores and ablation != "full":
         raise ValueError(f"ablation={ablation!r} is a timing ablation without residuals; got "
                          f"{store_h=}, {store_v_new=}")
-    depth = rs_ring_depth(dk, v.dtype, store_h, store_v_new) if stages is None else stages
-    need = rs_smem_bytes(dk, v.dtype, depth, store_h, store_v_new)
+    if residual_from not in RS_RESIDUAL_FROM:
+        raise ValueError(f"residual_from must be one of {RS_RESIDUAL_FROM}, "
+                         f"got {residual_from!r}")
+    residual_from = residual_from if stores else "output"  # ignored without a store
+    if residual_from == "state" and not (interpret or TRANSPOSED_V_LOAD):
+        raise ValueError("residual_from='state' stores through a transposed swizzled SMEM view, "
+                         f"which jax {jax.__version__} cannot lower (needs >= 0.11; "
+                         "MOSAIC_GPU.md Sec. 56.1)")
+    res = (store_h, store_v_new, residual_from)
+    depth = rs_ring_depth(dk, v.dtype, *res) if stages is None else stages
+    need = rs_smem_bytes(dk, v.dtype, depth, *res)
     if not interpret and need > _SMEM_LIMIT:  # e.g. stages=3 with store_h at K = 128
         raise ValueError(f"stages={depth} with {store_h=}, {store_v_new=} needs {need} bytes of "
                          f"SMEM at K = {dk}, over {_SMEM_LIMIT}: use stages=None "
-                         f"({rs_ring_depth(dk, v.dtype, store_h, store_v_new)})")
+                         f"({rs_ring_depth(dk, v.dtype, *res)})")
+    res_state = stores and residual_from == "state"
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     # Padding tokens: q = k = v = 0, T0 rows = 0, beta = 0, g = 0: v_new = 0, o = 0 there and
@@ -558,10 +621,11 @@ def chunk_delta_fused_rs_fwd_mosaic(
     ring = [swz((depth, CHUNK, dk), q.dtype), swz((depth, CHUNK, dk), k.dtype),
             swz((depth, CHUNK, BLOCK_V), dtype), swz((depth, CHUNK, CHUNK), t0.dtype),
             vec, vec, vec, vec, vec, vec, vec]  # g rows, g cols, beta, doc x2, last, conn
-    sb = swz((2, BLOCK_V, dk), dtype)  # sb_s: S^T in 16 bits, published (two halves)
+    # sb_s: S^T in 16 bits, published (two halves); S with residual_from="state"
+    sb = swz((2, dk, BLOCK_V) if res_state else (2, BLOCK_V, dk), dtype)
     state = swz((BLOCK_V, dk), jnp.float32)  # state_s: staging of h0^T and the final S^T
     scratch = ring + ([sb, state] if interpret else [plgpu.RefUnion(sb, state)]) + [
-        swz((2, BLOCK_V, CHUNK), dtype),  # vn_s: v_new^T, published (two halves)
+        swz((2, BLOCK_V, CHUNK), dtype),  # vn_s: v_new^T, published (two; v_new "state")
         swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
         plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=depth),  # in_bar
         plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # in_free: both consumers done
@@ -571,9 +635,9 @@ def chunk_delta_fused_rs_fwd_mosaic(
         plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
         plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
     ]
-    if store_h:
+    if store_h and not res_state:
         scratch.append(swz((2, dk, BLOCK_V), dtype))  # hr_s: S, staging of h (two)
-    if store_v_new:
+    if store_v_new and not res_state:
         scratch.append(swz((2, CHUNK, BLOCK_V), dtype))  # vr_s: v_new, staging (two)
     if interpret:  # SMEM copies of register operands and transposed views
         scratch += [plgpu.SMEM((dk, CHUNK), k.dtype)] * 2  # kt0_s, kt1_s
@@ -585,7 +649,8 @@ def chunk_delta_fused_rs_fwd_mosaic(
                                depth=depth, interpret=interpret,
                                **({} if ablation == "full" else {"ablation": ablation}),
                                **({"store_h": True} if store_h else {}),
-                               **({"store_v_new": True} if store_v_new else {}))
+                               **({"store_v_new": True} if store_v_new else {}),
+                               **({"residual_from": "state"} if res_state else {}))
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads, dv, dk), jnp.float32)]  # final S^T
     if store_v_new:
@@ -602,7 +667,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
         thread_name="wg",
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=rs_kernel_name(depth, ablation, store_h, store_v_new),
+        kernel_name=rs_kernel_name(depth, ablation, *res),
     )
     # The kernel carries S^T: [B, H, V, K] in and out (transposed here, in XLA).
     h0 = () if initial_state is None else (

@@ -514,11 +514,19 @@ class MarkdownTest(absltest.TestCase):
             with flagsaver.flagsaver(**base):
                 bench_kernels._check_mosaic_rs_residuals()
                 self.assertTrue(mosaic_vjp.RS_RESIDUALS)
+            with flagsaver.flagsaver(mosaic_rs_residual_from="state", **base):
+                bench_kernels._check_mosaic_rs_residuals()
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {"residual_from": "state"})
             with flagsaver.flagsaver(mosaic_rs_residuals=None):
                 bench_kernels._check_mosaic_rs_residuals()
                 self.assertFalse(mosaic_vjp.RS_RESIDUALS)
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {})
+            with flagsaver.flagsaver(mosaic_rs_residual_from="state"):
+                with self.assertRaisesRegex(app.UsageError, "--mosaic_rs_residuals only"):
+                    bench_kernels._check_mosaic_rs_residuals()
         finally:
             mosaic_vjp.RS_RESIDUALS = False
+            mosaic_vjp.RS_OPTIONS.clear()
 
     def test_mosaic_forward_reaches_the_xla_wy_path(self):
         # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.

@@ -31,7 +31,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
          "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla lgt_fused "
-         "lgt_ftests dhw mix pskip lgt_rh lgt_st rs rs_prof rs_res").split()
+         "lgt_ftests dhw mix pskip lgt_rh lgt_st rs rs_prof rs_res rs_res_st").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]

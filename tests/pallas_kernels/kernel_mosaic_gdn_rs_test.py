@@ -232,6 +232,28 @@ class RsResidualTest(parameterized.TestCase):
         self.assertEqual(krs.rs_kernel_name(3, "full", False, True),
                          "gdn_chunk_delta_fused_rs_fwd_s3_vn")
 
+    def test_residual_from_state(self):
+        # MOSAIC_GPU.md Sec. 58.5: no staging tiles, three stages at K = 128; stores through a
+        # transposed swizzled view, which only jax >= 0.11 lowers
+        self.assertEqual(krs.rs_ring_depth(128, jnp.bfloat16, True, True, "state"), 3)
+        self.assertEqual(krs.rs_smem_bytes(128, jnp.bfloat16, 3, True, True, "state"), 219_392)
+        q, k, v, g, beta, state, seg = t0_test._inputs(1, 200, 2, 1, 128, 128, 0.2, True,
+                                                       (70, 30))
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+        run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, scale=0.1,
+                                store_h=True, store_v_new=True, residual_from="state")
+        with self.assertRaisesRegex(ValueError, "residual_from must be one of"):
+            run(q, k, v, t0, g, beta, residual_from="memory")
+        if not krs.TRANSPOSED_V_LOAD:
+            with self.assertRaisesRegex(ValueError, "cannot lower"):
+                run(q, k, v, t0, g, beta)
+            return
+        text = _export_text(lambda *a: run(*a[:6], initial_state=a[6], segment_ids=a[7]),
+                            q, k, v, t0, g, beta, state, seg)
+        self.assertIn(krs.rs_kernel_name(3, "full", True, True, "state"), text)
+        self.assertEqual(krs.rs_kernel_name(3, "full", True, True, "state"),
+                         "gdn_chunk_delta_fused_rs_fwd_s3_res_st")
+
     def test_op_grad_exports_the_residual_form(self):
         # jax.grad through the op with the switch on, dh_w="t0": the plain T0 kernel, the
         # residual form, the folded reverse pass forming W, the fused backward; no fused_t0.
@@ -390,6 +412,19 @@ class RsResidualInterpretTest(parameterized.TestCase):
                             forward="fused_rs", dh_w=case[-1])
             log.assert_not_called()  # the residual form ran, no fallback
 
+    def test_residual_from_state_equals_output(self):
+        # residual_from="state" (Sec. 58.5): the same values bit for bit, 3 and 2 stages
+        case = _INTERPRET_CASES[1][1:-1]
+        (q, k, v, g, beta, state, seg), t0, _ = _run_kernel(*case)
+        run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, q, k, v, t0, g, beta,
+                                scale=case[4] ** -0.5, initial_state=state, segment_ids=seg,
+                                interpret=True, store_h=True, store_v_new=True)
+        want = run()
+        for stages in (None, 2):
+            got = run(residual_from="state", stages=stages)
+            for name, a, b in zip(("o", "final_state", "v_new", "h"), got, want, strict=True):
+                self.assertTrue(bool(jnp.all(a == b)), f"{name}, {stages=}")
+
     def test_op_return_residual_equals_fused_t0s(self):
         q, k, v, g, beta, state, seg = t0_test._inputs(1, 150, 2, 1, 64, 128, 0.05, True,
                                                        (64, 36, 30))
@@ -447,6 +482,19 @@ class GpuTest(kmg_test.HopperTestCase):
                                 (700, 1, 64, 999, 1200), seed=5, interpret=False)
         print("fused_rs residuals vs fused_t0: " + ", ".join(
             f"{k} {v:.3e}" for k, v in errs.items()))
+
+    def test_residuals_from_state_equal_from_output(self):
+        # residual_from="state" (Sec. 58.5; jax >= 0.11): bit-equal to the default form
+        if not krs.TRANSPOSED_V_LOAD:
+            self.skipTest("residual_from='state' needs jax >= 0.11")
+        case = (1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200))
+        (q, k, v, g, beta, state, seg), t0, _ = _run_kernel(*case, seed=5, interpret=False)
+        run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, q, k, v, t0, g, beta,
+                                scale=128 ** -0.5, initial_state=state, segment_ids=seg,
+                                store_h=True, store_v_new=True)
+        for name, a, b in zip(("o", "final_state", "v_new", "h"), run(residual_from="state"),
+                              run(), strict=True):
+            self.assertTrue(bool(jnp.all(a == b)), name)
 
     @parameterized.named_parameters(
         ("gva_h0_dht_packed_T2048_K128_V128_stored", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
