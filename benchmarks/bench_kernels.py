@@ -39,7 +39,9 @@ another order of the output warpgroup (the default is ``readout_first``; Sec. 16
 layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the read-out's
 ``Q S_c`` on its own barrier (Sec. 40).
 ``--mosaic_forward=fused_rs`` times the primal-only forward with the state in registers (Sec. 56;
-``--mosaic_rs_stages=2`` its two-stage ring; under differentiation it runs ``fused_t0``).
+``--mosaic_rs_stages=2`` its two-stage ring; under differentiation it runs ``fused_t0``, or
+with ``--mosaic_rs_residuals`` its own residual form, which stores ``h`` and ``v_new``, Sec. 58;
+``--mosaic_rs_residual_from=state`` the form that stores the published tiles, Sec. 58.5).
 ``--mosaic_gla_residual_h`` (op lightning, pass fwdbwd) keeps the fused forward's chunk
 states as the backward's residual instead of recomputing them (Sec. 54);
 ``--mosaic_gla_stages=3`` gives its fused forward a three-stage TMA ring (Sec. 55).
@@ -127,6 +129,20 @@ _MOSAIC_RS_STAGES = flags.DEFINE_integer(
     "ring (chunk_delta_fused_rs_fwd_mosaic's stages=, 2 or 3), set in mosaic_vjp.RS_OPTIONS "
     "for this process; unset: the deepest that fits in SMEM (3; MOSAIC_GPU.md Sec. 56). "
     "Recorded with every mosaic gdn / deltanet record (mosaic_rs_stages).")
+_MOSAIC_RS_RESIDUALS = flags.DEFINE_bool(
+    "mosaic_rs_residuals", None,
+    "Peer mosaic, ops gdn / deltanet, --mosaic_forward=fused_rs: sets mosaic_vjp.RS_RESIDUALS "
+    "for this process: on, pass fwdbwd runs fused_rs's residual form (it stores h and v_new for "
+    "the backward, MOSAIC_GPU.md Sec. 58) instead of falling back to fused_t0; unset: the "
+    "op's default (off). Recorded with every mosaic gdn / deltanet record "
+    "(mosaic_rs_residuals; mosaic_forward_run names the forward that ran).")
+_MOSAIC_RS_RESIDUAL_FROM = flags.DEFINE_enum(
+    "mosaic_rs_residual_from", None, ["output", "state"],
+    "With --mosaic_rs_residuals: which warpgroup of fused_rs's residual form untransposes h and "
+    "v_new (chunk_delta_fused_rs_fwd_mosaic's residual_from=, set in mosaic_vjp.RS_OPTIONS): "
+    "output (the default: staging tiles, two stages at K = 128) or state (published "
+    "untransposed, three stages; jax >= 0.11); MOSAIC_GPU.md Sec. 58.5. Recorded as "
+    "mosaic_rs_residual_from.")
 _MOSAIC_GLA_RESIDUAL_H = flags.DEFINE_bool(
     "mosaic_gla_residual_h", None,
     "Peer mosaic, op lightning, pass fwdbwd: the residual_h= of simple_gla_mosaic: on, the "
@@ -655,6 +671,35 @@ def _check_mosaic_rs_stages():
     mosaic_vjp.RS_OPTIONS["stages"] = value
 
 
+def _check_mosaic_rs_residuals():
+    """``--mosaic_rs_residuals`` where it would apply, before anything runs (peer mosaic, op gdn
+    or deltanet, ``--mosaic_forward=fused_rs``), then set ``mosaic_vjp.RS_RESIDUALS`` (the
+    op's default, off, when the flag is unset)."""
+    from pallas_kernels.gated_delta_rule import mosaic_vjp
+    value = _MOSAIC_RS_RESIDUALS.value
+    mosaic_vjp.RS_RESIDUALS = False
+    mosaic_vjp.RS_OPTIONS.pop("residual_from", None)
+    where = _MOSAIC_RS_RESIDUAL_FROM.value
+    if where is not None and not value:
+        raise app.UsageError(f"--mosaic_rs_residual_from={where} applies to "
+                             f"--mosaic_rs_residuals only")
+    if value is None:
+        return
+    named = f"--mosaic_rs_residuals={value}"
+    if "mosaic" not in _PEERS.value:
+        raise app.UsageError(f"{named} applies to peer mosaic only "
+                             f"(--peers={','.join(_PEERS.value)})")
+    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
+        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
+                             f"(--ops={','.join(_OPS.value)})")
+    if _MOSAIC_FORWARD.value != "fused_rs":
+        raise app.UsageError(f"{named} applies to --mosaic_forward=fused_rs only "
+                             f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+    mosaic_vjp.RS_RESIDUALS = bool(value)
+    if where is not None:
+        mosaic_vjp.RS_OPTIONS["residual_from"] = where
+
+
 def _require_lightning_fused(named, passes=()):
     """Refuse the flag ``named`` (``app.UsageError``) unless peer mosaic, op lightning, each
     of ``passes`` and a forward that can resolve to fused (not ``--mosaic_forward=two_pass``)
@@ -1041,16 +1086,24 @@ def run_jax(records):
                             rec["mosaic_forward_run"] = mosaic_vjp.resolve_forward(
                                 _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD, batch,
                                 heads, _DIM.value, seq_len)
-                            if rec["mosaic_forward_run"] == "fused_rs" and pas != "fwd":
+                            if (rec["mosaic_forward_run"] == "fused_rs" and pas != "fwd"
+                                    and not mosaic_vjp.RS_RESIDUALS):
                                 rec["mosaic_forward_run"] = "fused_t0"  # no residuals (Sec. 56)
                             rec["mosaic_rs_stages"] = mosaic_vjp.RS_OPTIONS.get("stages")
+                            rec["mosaic_rs_residuals"] = mosaic_vjp.RS_RESIDUALS  # Sec. 58
+                            rec["mosaic_rs_residual_from"] = mosaic_vjp.RS_OPTIONS.get(
+                                "residual_from")
                             rec["mosaic_pieces_run"] = mosaic_vjp.fused_t0_pieces(
                                 rec["mosaic_forward_run"], batch, heads, _DIM.value, seq_len)
                             # where W of the reverse pass came from (Sec. 51; "+t0w" values)
                             bw_opts = mosaic_backward_options(backward)
+                            # (the op resolves it from its own forward: "fused_rs" without
+                            # RS_RESIDUALS runs the stored W, Sec. 58)
                             rec["mosaic_dh_w_run"] = mosaic_vjp.resolve_dh_w(
                                 bw_opts.get("dh_w", mosaic_vjp.DEFAULT_DH_W),
-                                rec["mosaic_forward_run"],
+                                mosaic_vjp.resolve_forward(
+                                    _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD, batch,
+                                    heads, _DIM.value, seq_len),
                                 bw_opts.get("dv_local", mosaic_vjp.DEFAULT_DV_LOCAL), batch,
                                 heads, _DIM.value, seq_len)
                         if state_pass is not None:
@@ -1480,6 +1533,7 @@ def main(argv):
     _check_mosaic_gla_residual_h()
     _check_mosaic_gla_stages()
     _check_mosaic_rs_stages()
+    _check_mosaic_rs_residuals()
     _check_mosaic_backward()
     _check_channelwise_state_pass()
     _check_channelwise_grad_pass()

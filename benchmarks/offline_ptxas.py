@@ -99,7 +99,10 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 (``chunk_kkt_inverse_mosaic`` with its defaults; in the training step its ``return_w`` form,
 ``_w``, MOSAIC_GPU.md Sec. 36; ``gdn_t0:infer`` the plain kernel), ``gdn_fused_t0`` /
 ``gdn_fused_t0_split`` (``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_fused_rs:infer``
-(``kernel_mosaic_gpu_rs``, the primal only; Sec. 56), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
+(``kernel_mosaic_gpu_rs``, the primal only; Sec. 56), ``gdn_fused_rs_res`` (its residual
+form in the training step, ``mosaic_vjp.RS_RESIDUALS`` on: ``store_h``, ``store_v_new``;
+Sec. 58; ``gdn_fused_rs_res_st`` with ``residual_from="state"``, Sec. 58.5, jax >= 0.11 only:
+``offline_ptxas_jax011.py``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
 (``chunk_delta_dh_mosaic``), ``gdn_bwd_dh_fold`` / ``gdn_bwd_dh_fold_pieces`` (the same with
 ``dv_local="fold"``, three warpgroups: MOSAIC_GPU.md Sec. 32; the pieces' launch only at rows
 with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_dh_fold_t0`` (the same with
@@ -582,6 +585,11 @@ OP_KERNELS = {
     # forward="fused_rs" (MOSAIC_GPU.md Sec. 56): the primal only, so with ":infer" (the
     # training step runs fused_t0 instead)
     "gdn_fused_rs": ("gdn", "fused_rs", ("gdn_chunk_delta_fused_rs_fwd*",)),
+    # its residual form in the training step (mosaic_vjp.RS_RESIDUALS on, MOSAIC_GPU.md
+    # Sec. 58): stores h and v_new, kernel ..._fused_rs_fwd_s2_res at K = 128
+    "gdn_fused_rs_res": ("gdn", "fused_rs_res", ("gdn_chunk_delta_fused_rs_fwd*",)),
+    # ... with residual_from="state" (Sec. 58.5: no staging tiles; lowers on jax >= 0.11 only)
+    "gdn_fused_rs_res_st": ("gdn", "fused_rs_res_st", ("gdn_chunk_delta_fused_rs_fwd*",)),
     # the fused T0 forward as sequence pieces (mosaic_vjp.FUSED_T0_PIECES, MOSAIC_GPU.md
     # Sec. 42): the summary pass and the pieces' stored pass; rows with few CTAs only (e.g.
     # --batch=1 --seq_len=32768), at S1 the plain kernel
@@ -778,6 +786,9 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     pieces = forward in ("fused_t0_pieces", "fused_t0_pieces_skip", "fused_t0_pieces_x",
                          "fused_t0_pieces_x_skip")
     forward = "fused_t0" if pieces else forward
+    rs_res = forward in ("fused_rs_res", "fused_rs_res_st")  # RS_RESIDUALS (Sec. 58)
+    rs_from = {"residual_from": "state"} if forward == "fused_rs_res_st" else {}
+    forward = "fused_rs" if rs_res else forward
     spec = jax.ShapeDtypeStruct
     dt = jnp.dtype(dtype)
     qk = spec((batch, seq_len, kv_heads or heads, dk), dt)
@@ -810,6 +821,9 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     as_pieces, mosaic_vjp.FUSED_T0_PIECES = mosaic_vjp.FUSED_T0_PIECES, pieces
     piece_skip, mosaic_vjp.PIECE_SKIP = mosaic_vjp.PIECE_SKIP, skip
     maps_x, mosaic_vjp.MAPS_CARRY_X = mosaic_vjp.MAPS_CARRY_X, carry_x
+    rs_residuals, mosaic_vjp.RS_RESIDUALS = mosaic_vjp.RS_RESIDUALS, rs_res
+    rs_options = dict(mosaic_vjp.RS_OPTIONS)
+    mosaic_vjp.RS_OPTIONS.update(rs_from)
     try:
         return export_modules(step, qk, qk, tok_v, gate, gate, tok_v, seg=seg)
     finally:
@@ -819,6 +833,9 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
         mosaic_vjp.FUSED_T0_PIECES = as_pieces
         mosaic_vjp.PIECE_SKIP = piece_skip
         mosaic_vjp.MAPS_CARRY_X = maps_x
+        mosaic_vjp.RS_RESIDUALS = rs_residuals
+        mosaic_vjp.RS_OPTIONS.clear()
+        mosaic_vjp.RS_OPTIONS.update(rs_options)
 
 
 _EXPORTS: Dict = {}

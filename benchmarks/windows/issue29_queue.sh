@@ -98,6 +98,11 @@
 #               in one launch (--mosaic_maps_carry_x, jla beside) and not, then at P1 with
 #               --mosaic_piece_skip as well, three processes; then MapsCarryXGpuTest (decision
 #               rule in Sec. 57)
+#   rs_res 550  Sec. 58: fused_rs's residual form (--mosaic_rs_residuals) at S1 fwd+bwd with the
+#               stored W and with dh_w="t0", jla beside; then the switch off (fused_t0), jla
+#               beside; then its three gpu tests (by name; decision rule in Sec. 58.4)
+#   rs_res_st 300  Sec. 58.5: the residual form with residual_from="state" (three stages, no
+#               staging), S1 fwd+bwd as rs_res's first process, then its bit-equality gpu test
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -144,7 +149,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
   lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
-  rs) echo 550;; rs_prof) echo 170;;
+  rs) echo 550;; rs_prof) echo 170;; rs_res) echo 550;; rs_res_st) echo 300;;
   mapsx) echo 540;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -738,6 +743,50 @@ run_mapsx() {  # Sec. 57: M_p and X_p in one launch (no summary launch), on and 
   timeout $((530 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider \
     $T/kernel_mosaic_gdn_maps_x_test.py > $O/mapsx/tests.log 2>&1
   echo "gpu tests rc=$? t=$((SECONDS-s))s"; tail -15 $O/mapsx/tests.log | cut -c1-300
+}
+run_rs_res() {  # Sec. 58: fused_rs's residual form on (RS_RESIDUALS) against off (fused_t0) at
+  # S1 fwd+bwd, both backwards (stored W, dh_w="t0"), jla in each process; then its gpu tests
+  mkdir -p $O/rs_res; local s=$SECONDS
+  local args="--ops=gdn --peers=mosaic,jla --mosaic_forward=fused_rs --passes=fwdbwd --shapes=S1
+    --gate_shape=8x1024x16 --mosaic_backward=fused_ws+fold,fused_ws+fold+t0w --breakdown_top=16
+    --iters=30 --warmup=5"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 185 python3 benchmarks/bench_kernels.py $args \
+    --mosaic_rs_residuals --out=$O/rs_res/on > $O/rs_res/on.log 2>&1
+  echo "S1 fwdbwd residual form on rc=$? t=$((SECONDS-s))s"
+  timeout 185 python3 benchmarks/bench_kernels.py $args --out=$O/rs_res/off \
+    > $O/rs_res/off.log 2>&1
+  echo "S1 fwdbwd residual form off (fused_t0) rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/rs_res/*.log | cut -c1-300
+  grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs_res/on.log \
+    | sort -u | head -4 | cut -c1-300
+  grep -a -h -o '"mosaic_forward_run": "[^"]*"\|"mosaic_rs_residuals": [a-z]*' $O/rs_res/*.log \
+    | paste - -
+  grep -a -h -o '"mosaic_backward": "[^"]*"\|"mosaic_dh_w_run": "[^"]*"' $O/rs_res/*.log \
+    | paste - -
+  gdn_show $O/rs_res/*.log
+  timeout $((535 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    -k "residuals" $T/kernel_mosaic_gdn_rs_test.py > $O/rs_res/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -E 'fused_rs|passed|failed|FAILED|Error' $O/rs_res/tests.log | cut -c1-250 | tail -30
+}
+run_rs_res_st() {  # Sec. 58.5: residual_from="state" at S1 fwd+bwd (both backwards), jla beside
+  mkdir -p $O/rs_res_st; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 185 python3 benchmarks/bench_kernels.py --ops=gdn \
+    --peers=mosaic,jla --mosaic_forward=fused_rs --passes=fwdbwd --shapes=S1 \
+    --gate_shape=8x1024x16 --mosaic_backward=fused_ws+fold,fused_ws+fold+t0w --breakdown_top=16 \
+    --iters=30 --warmup=5 --mosaic_rs_residuals --mosaic_rs_residual_from=state \
+    --out=$O/rs_res_st/on > $O/rs_res_st/on.log 2>&1
+  echo "S1 fwdbwd residual form (state) rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/rs_res_st/*.log | cut -c1-300
+  grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs_res_st/on.log \
+    | sort -u | head -4 | cut -c1-300
+  grep -a -h -o '"mosaic_backward": "[^"]*"\|"mosaic_dh_w_run": "[^"]*"' $O/rs_res_st/*.log \
+    | paste - -
+  gdn_show $O/rs_res_st/*.log
+  timeout $((290 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    -k "residuals_from_state" $T/kernel_mosaic_gdn_rs_test.py > $O/rs_res_st/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -E 'passed|failed|FAILED|Error' $O/rs_res_st/tests.log | cut -c1-250 | tail -10
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

@@ -43,6 +43,18 @@ The schedule is the one MOSAIC_GPU.md Sec. 35.1 describes for jla's fused forwar
   ``Q S`` and ``P v_new`` (transposed views of the published tiles) in one group, and ``o``
   through a double-buffered SMEM tile by TMA.
 
+Residual form (``store_h`` / ``store_v_new``; MOSAIC_GPU.md Sec. 58; ``mosaic_vjp.RS_RESIDUALS``
+runs it under differentiation): the backward's ``h`` (``[B, H, N, K, V]``, the state entering
+each chunk) and ``v_new`` (``[B, T, H, V]``), in the layouts and dtypes of ``fused_t0``'s
+residuals. TMA cannot transpose, and the state warpgroup's tiles are transposed (``S^T``,
+``v_new^T``), so the output warpgroup, right after it issued ``Q S`` and ``P v_new`` from the
+published tiles, loads them back transposed into registers (jax >= 0.11; on 0.10.2 the exact
+products ``I S``, ``I v_new``), writes ``S`` and ``v_new`` into double-buffered staging tiles
+and sends them out by TMA, committed with ``o`` as one bulk group per chunk. The state chain
+is unchanged (its module and roundings), and the values stored are exactly the 16-bit
+operands the read-out uses. The staging tiles (48 KB at ``K = 128``) leave room for a
+two-stage ring only there (:func:`rs_ring_depth`).
+
 Every decay is an ``exp2`` of gates scaled by ``log2 e`` per vector element (the ``[64, 64]``
 mask needs no multiply per element). ``V^T`` is loaded into registers through a transposed
 view on jax >= 0.11 (:data:`TRANSPOSED_V_LOAD`); jax 0.10.2 cannot load a transposed swizzled
@@ -80,6 +92,12 @@ RS_STAGES = (2, 3)  # ring depths the kernel takes
 # chain frozen at the entry state with v_new = 0 (no state products): o = scale diag(conn e^G)
 # Q S_0 in every chunk and the final state is the entry state.
 RS_ABLATIONS = ("full", "state", "readout")
+# Which warpgroup untransposes the residual form's h and v_new (MOSAIC_GPU.md Sec. 58.5):
+# "output" (default), the output warpgroup loads the published S^T / v_new^T back transposed
+# into staging tiles (48 KB more SMEM at K = 128: two stages); "state", the state warpgroup
+# publishes S and v_new untransposed (stores through a transposed view, jax >= 0.11 only) and
+# TMA-stores the published tiles themselves (no staging: three stages fit).
+RS_RESIDUAL_FROM = ("output", "state")
 _LOG2E = 1.4426950408889634
 _SMEM_LIMIT = 227 * 1024  # Hopper's dynamic SMEM per block
 _BARRIER_BYTES = 1024  # the barriers' SMEM, rounded up
@@ -90,31 +108,47 @@ _WGMMA = plgpu.Layout.WGMMA
 TRANSPOSED_V_LOAD = tuple(jax.__version_info__[:2]) >= (0, 11)
 
 
-def rs_smem_bytes(dk: int, dtype, depth: int) -> int:
+def rs_smem_bytes(dk: int, dtype, depth: int, store_h: bool = False,
+                  store_v_new: bool = False, residual_from: str = "output") -> int:
     """SMEM of the kernel (not interpreting) with a ``depth``-deep ring, in bytes: per stage
     ``q, k`` (``[64, K]``), ``v``, ``T0`` (``[64, 64]``) and seven fp32 vectors of 64; then the
     published ``S^T`` (two ``[64, K]``, 16 bits) sharing its bytes with the fp32 staging tile of
     the entry / final state (``[64, K]``), the published ``v_new^T`` and the ``o`` tiles (two
-    ``[64, 64]`` each), and the barriers."""
+    ``[64, 64]`` each), and the barriers. The residual form (MOSAIC_GPU.md Sec. 58) adds the
+    staging tiles of the stores, double-buffered: ``S`` (two ``[K, 64]``, ``store_h``) and
+    ``v_new`` (two ``[64, 64]``, ``store_v_new``), 16 bits; none with
+    ``residual_from="state"`` (the published tiles are stored)."""
     isz = jnp.dtype(dtype).itemsize
     per_stage = 2 * CHUNK * dk * isz + 2 * CHUNK * CHUNK * isz + 7 * CHUNK * 4
     fixed = max(2 * BLOCK_V * dk * isz, BLOCK_V * dk * 4) + 4 * CHUNK * BLOCK_V * isz
+    if residual_from == "output":
+        fixed += (2 * dk * BLOCK_V * isz if store_h else 0) + (
+            2 * CHUNK * BLOCK_V * isz if store_v_new else 0)
     return depth * per_stage + fixed + _BARRIER_BYTES
 
 
-def rs_ring_depth(dk: int, dtype) -> int:
-    """The deepest ring of :data:`RS_STAGES` whose :func:`rs_smem_bytes` fits in 227 KB (3 for
-    every supported ``K`` and dtype: 219,392 bytes by this count at ``K = 128`` in 16 bits,
-    220,280 by ptxas)."""
-    fits = [d for d in RS_STAGES if rs_smem_bytes(dk, dtype, d) <= _SMEM_LIMIT]
+def rs_ring_depth(dk: int, dtype, store_h: bool = False, store_v_new: bool = False,
+                  residual_from: str = "output") -> int:
+    """The deepest ring of :data:`RS_STAGES` whose :func:`rs_smem_bytes` fits in 227 KB: 3 for
+    every supported ``K`` and dtype without stores (219,392 bytes by this count at ``K = 128``
+    in 16 bits, 220,280 by ptxas); with ``store_h`` at ``K = 128`` 2 (the residual tiles add
+    48 KB: 3 stages would need 268,544); 3 with ``residual_from="state"``."""
+    fits = [d for d in RS_STAGES
+            if rs_smem_bytes(dk, dtype, d, store_h, store_v_new, residual_from) <= _SMEM_LIMIT]
     return max(fits) if fits else min(RS_STAGES)
 
 
-def rs_kernel_name(depth: int, ablation: str = "full") -> str:
+def rs_kernel_name(depth: int, ablation: str = "full", store_h: bool = False,
+                   store_v_new: bool = False, residual_from: str = "output") -> str:
     """The kernel's name (profiles list it apart): ``gdn_chunk_delta_fused_rs_fwd_s<depth>``,
-    plus ``_abl_<ablation>`` for an ablation other than ``"full"``."""
+    plus ``_abl_<ablation>`` for an ablation other than ``"full"``, plus ``_res`` for the
+    residual form (``store_h``; MOSAIC_GPU.md Sec. 58) or ``_vn`` (``store_v_new`` alone), then
+    ``_st`` with ``residual_from="state"``."""
+    stores = store_h or store_v_new
     return f"gdn_chunk_delta_fused_rs_fwd_s{depth}" + (
-        "" if ablation == "full" else f"_abl_{ablation}")
+        "" if ablation == "full" else f"_abl_{ablation}") + (
+        "_res" if store_h else "_vn" if store_v_new else "") + (
+        "_st" if stores and residual_from == "state" else "")
 
 
 def _acc_plus(init, lhs, rhs, interpret: bool):
@@ -136,21 +170,30 @@ def _acc_plus(init, lhs, rhs, interpret: bool):
 
 def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref, *rest,
                num_chunks: int, group: int, scale: float, has_h0: bool, depth: int,
-               interpret: bool, ablation: str = "full"):
+               interpret: bool, ablation: str = "full", store_h: bool = False,
+               store_v_new: bool = False, residual_from: str = "output"):
     """Kernel body of :func:`chunk_delta_fused_rs_fwd_mosaic` (module docstring); refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] o_ref, ht_ref`` then the scratch: the ring (eleven tiles), the
-    published ``S^T`` (``sb_s``) and the fp32 staging tile (``state_s``; one ``RefUnion`` on
-    the GPU), ``vn_s`` (``v_new^T``), ``o_s``, the barriers ``in_bar, in_free, ag_ready,
-    s_ready, s_free, io_bar, done`` and, interpreting only, the SMEM copies of what the GPU
+    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch: the ring
+    (eleven tiles), the published ``S^T`` (``sb_s``) and the fp32 staging tile (``state_s``; one
+    ``RefUnion`` on the GPU), ``vn_s`` (``v_new^T``), ``o_s``, the barriers ``in_bar, in_free,
+    ag_ready, s_ready, s_free, io_bar, done``, the residual form's staging tiles ``hr_s``
+    (``S``, ``[2, K, 64]``, ``store_h``) and ``vr_s`` (``v_new``, ``[2, 64, 64]``,
+    ``store_v_new``) and, interpreting only, the SMEM copies of what the GPU
     reads from registers or as transposed views (``kt0_s, kt1_s`` ``K^T`` for each consumer,
     ``p_s``, ``agt_s`` ``Ag^T``, ``st_s`` ``S``, ``vnt_s`` ``v_new``, ``sl_s``, ``xt_s``,
     ``vdt_s`` the state products' left operands). ``h0_ref`` and ``ht_ref`` are ``[B, H, V, K]``
-    (transposed by the wrapper). ``ablation``: :data:`RS_ABLATIONS`.
+    (transposed by the wrapper), ``h_ref`` ``[B, H, N, K, V]`` and ``vn_ref`` ``[B, Tp, H, V]``
+    (the layouts of ``fused_t0``'s residuals). ``ablation``: :data:`RS_ABLATIONS`.
+    ``residual_from="state"`` (with a store; :data:`RS_RESIDUAL_FROM`): ``sb_s`` and ``vn_s``
+    hold ``S`` (``[2, K, 64]``) and ``v_new`` (``[2, 64, 64]``) untransposed, TMA-stored by the
+    state warpgroup; no ``hr_s`` / ``vr_s``.
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
     o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    vn_ref = rest.pop(0) if store_v_new else None
+    h_ref = rest.pop(0) if store_h else None
     ring, rest = tuple(rest[:_IN_COPIES]), rest[_IN_COPIES:]
     (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
      conn_s) = ring
@@ -159,6 +202,20 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     else:
         (sb_s, state_s), *rest = rest
     vn_s, o_s, in_bar, in_free, ag_ready, s_ready, s_free, io_bar, done, *shim = rest
+    # residual_from="state": S and v_new are published untransposed and stored from there
+    res_state = (store_h or store_v_new) and residual_from == "state"
+    hr_s = shim.pop(0) if store_h and not res_state else None
+    vr_s = shim.pop(0) if store_v_new and not res_state else None
+
+    def publish(dst, x_t):
+        """``dst[...] = x_t`` (the transposed tile as the state warpgroup holds it) or, with
+        ``res_state``, ``dst[...] = x_t^T`` through a transposed view (jax >= 0.11)."""
+        if not res_state:
+            dst[...] = x_t
+        elif interpret:
+            dst[...] = x_t.T
+        else:
+            dst.transpose((1, 0))[...] = x_t
     (kt0_s, kt1_s, p_s, agt_s, st_s, vnt_s, sl_s, xt_s,
      vdt_s) = shim if interpret else (None,) * 9
     gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
@@ -200,8 +257,10 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             def _():  # the output warpgroup has read the tiles published two chunks ago
                 plgpu.barrier_wait(s_free.at[half])
 
+            if res_state:  # ... and the TMA stores of chunk n - 2 have read them
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             s_lo = s.astype(dtype)  # S^T in 16 bits: the left operand of S^T K^T, published
-            sb_s.at[half][...] = s_lo  # fenced with v_new^T below (one fence per chunk)
+            publish(sb_s.at[half], s_lo)  # fenced with v_new^T below (one fence per chunk)
             plgpu.barrier_wait(in_bar.at[slot])
             k_t = mgl.transposed(k_s.at[slot], kt0_s, interpret)  # [K, C]
             s_op = mgl.lhs_operand(s_lo, sl_s, interpret)
@@ -244,9 +303,16 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             vn_t = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile_t)))
             # T0's unit diagonal in fp32: Ag_ii X_i = beta_i X_i, unrounded (a column scale).
             vn_t = vn_t + x_t * by_col(mgl.load_cols(b_col_s.at[slot], interpret), tile_t)
-            vn_s.at[half][...] = vn_t.astype(dtype)
+            publish(vn_s.at[half], vn_t.astype(dtype))
             plgpu.commit_smem()  # the chunk's one fence: S^T and v_new^T
             plgpu.barrier_arrive(s_ready.at[half])
+            if res_state:  # the residuals from the published tiles, one bulk group a chunk
+                rows = pl.ds(n * CHUNK, CHUNK)
+                if store_h:
+                    plgpu.copy_smem_to_gmem(sb_s.at[half], h_ref.at[b, h, n, :, cols],
+                                            commit_group=not store_v_new)
+                if store_v_new:
+                    plgpu.copy_smem_to_gmem(vn_s.at[half], vn_ref.at[b, rows, h, cols])
             # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is
             # 0 when a document starts inside the chunk (conn of its last token).
             k_decay = jnp.exp2(g_last - g_j) * mgl.load_cols(last_s.at[slot], interpret)
@@ -276,8 +342,9 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
         s = lax.fori_loop(0, num_chunks, frozen_step if ablation == "readout" else step, s0)
         for n in range(max(num_chunks - 2, 0), num_chunks):  # the last publications were read
             plgpu.barrier_wait(s_free.at[n % 2])
-        # state_s shares SMEM with sb_s on the GPU: free once both halves were read (above).
-        mgl.store_state(s, state_s, ht_ref.at[b, h, cols, :], wait_stores=False)
+        # state_s shares SMEM with sb_s on the GPU: free once both halves were read (above),
+        # with res_state also by the TMA stores (wait_stores)
+        mgl.store_state(s, state_s, ht_ref.at[b, h, cols, :], wait_stores=res_state)
 
     @pl.when(wg == 1)
     def _output():
@@ -313,6 +380,54 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             plgpu.barrier_arrive(in_free.at[slot])
             return carry
 
+        stores = (store_h or store_v_new) and not res_state  # this warpgroup's stores
+        if stores and not (interpret or TRANSPOSED_V_LOAD):  # jax 0.10.2: S, v_new as I S
+            # and I v_new (exact: 16-bit values times 1), 16 registers a thread
+            eye_o = (i == j).astype(dtype)
+        else:
+            eye_o = None
+
+        def untransposed(src_t, dst):
+            """``dst[...] = src_t^T`` (16 bits) for a published tile ``src_t`` ``[64, W]``
+            (``W`` a multiple of 64) through registers: a transposed load (jax >= 0.11), or on
+            0.10.2 the exact products ``I (src_t[:, 64 block])^T``, one per 64 rows of
+            ``dst``."""
+            if eye_o is None:
+                dst[...] = mgl.load(src_t.transpose((1, 0)), _WGMMA)
+                return
+            for jb in range(src_t.shape[1] // CHUNK):
+                def block(acc, jb=jb):
+                    plgpu.wgmma(acc, eye_o, src_t.at[:, pl.ds(jb * CHUNK, CHUNK)].transpose(
+                        (1, 0)))
+                    return acc[...]
+
+                part = lax.optimization_barrier(pl.run_scoped(block, plgpu.ACC(sq)))
+                dst.at[pl.ds(jb * CHUNK, CHUNK), :][...] = part.astype(dtype)
+
+        def store_residuals(n, half, s_op, vn_op):
+            """The backward's residuals of chunk ``n`` (MOSAIC_GPU.md Sec. 58): ``S_n`` to
+            ``h[b, h, n, :, cols]`` and ``v_new`` to ``v_new[b, rows, h, cols]``, untransposed
+            from the published tiles into ``hr_s`` / ``vr_s`` (double-buffered: the caller
+            waited for chunk ``n - 2``'s stores to be read), then TMA; committed with ``o``'s
+            store (one bulk group per chunk)."""
+            rows = pl.ds(n * CHUNK, CHUNK)
+            # interpreting, s_op and vn_op are S and v_new in SMEM already (mgl.transposed)
+            for flag, dst, src_t, op in ((store_h, hr_s, sb_s, s_op),
+                                         (store_v_new, vr_s, vn_s, vn_op)):
+                if not flag:
+                    continue
+                if interpret:
+                    dst.at[half][...] = op[...]
+                else:
+                    untransposed(src_t.at[half], dst.at[half])
+            plgpu.commit_smem()
+            if store_h:
+                plgpu.copy_smem_to_gmem(hr_s.at[half], h_ref.at[b, h, n, :, cols],
+                                        commit_group=False)
+            if store_v_new:
+                plgpu.copy_smem_to_gmem(vr_s.at[half], vn_ref.at[b, rows, h, cols],
+                                        commit_group=False)
+
         def step(n, carry):
             slot, half = lax.rem(n, depth), lax.rem(n, 2)
             rows = pl.ds(n * CHUNK, CHUNK)
@@ -329,12 +444,24 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             p_op = mgl.lhs_operand((qk * decay).astype(dtype), p_s, interpret)  # P, registers
             q_decay = jnp.exp2(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             plgpu.barrier_wait(s_ready.at[half])
-            s_op = mgl.transposed(sb_s.at[half], st_s, interpret)  # S, [K, 64]
-            vn_op = mgl.transposed(vn_s.at[half], vnt_s, interpret)  # v_new, [C, 64]
+            if res_state:  # published untransposed
+                s_op, vn_op = sb_s.at[half], vn_s.at[half]
+                if interpret:  # as mgl.transposed's copies fence in the other forms: without
+                    # a fence here the interpreter's race detector reports the ring's refill
+                    # against this warpgroup's row loads (MOSAIC_GPU.md Sec. 58.5)
+                    plgpu.commit_smem()
+            else:
+                s_op = mgl.transposed(sb_s.at[half], st_s, interpret)  # S, [K, 64]
+                vn_op = mgl.transposed(vn_s.at[half], vnt_s, interpret)  # v_new, [C, 64]
+
+            if stores:  # o_s, hr_s, vr_s [half] of chunk n - 2 were read (one group a chunk)
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
 
             def out(qs_acc, pv_acc):  # issued together
                 plgpu.wgmma(qs_acc, q_s.at[slot], s_op)  # Q S, [C, 64]
                 plgpu.wgmma(pv_acc, p_op, vn_op)  # P v_new, [C, 64]
+                if stores:  # while they run: the residuals, off the state chain
+                    store_residuals(n, half, s_op, vn_op)
                 return qs_acc[...], pv_acc[...]
 
             qs, pv = lax.optimization_barrier(pl.run_scoped(
@@ -342,7 +469,8 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             plgpu.barrier_arrive(s_free.at[half])
             plgpu.barrier_arrive(in_free.at[slot])
             o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
+            if not stores:  # o_s[half] of chunk n - 2 was read
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
             o_s.at[half][...] = o.astype(o_s.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
@@ -356,7 +484,8 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages", "ablation"))
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages", "ablation",
+                                             "store_h", "store_v_new", "residual_from"))
 def chunk_delta_fused_rs_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -373,9 +502,15 @@ def chunk_delta_fused_rs_fwd_mosaic(
     ablation: str = "full",
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
-) -> Tuple[jax.Array, jax.Array]:
+    store_h: bool = False,
+    store_v_new: bool = False,
+    residual_from: str = "output",
+) -> Tuple[jax.Array, ...]:
     """The forward of the gated delta rule from ``T0`` with ``S^T`` in registers (module
-    docstring): ``o`` and the final state, nothing for a backward.
+    docstring): ``o`` and the final state, and in the residual form (``store_h`` /
+    ``store_v_new``, MOSAIC_GPU.md Sec. 58) the backward's ``h`` and ``v_new`` as
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`
+    writes them.
 
     Computes per batch row and value head the token recurrence
     ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)``, ``S_t = e^{g_t} S_{t-1} + k_t u_t^T``,
@@ -409,10 +544,28 @@ def chunk_delta_fused_rs_fwd_mosaic(
         gate_cumsum, doc_vecs: ``g``'s chunk-local cumsum (fp32 ``[B, H, Tp]``) and the
             document vectors (three fp32 ``[B, Tp]``) when the caller formed them already
             (``mosaic_vjp``), else ``None``.
+        store_h: also write the state entering every chunk (static; the backward's ``h``):
+            the published ``S^T`` tile (16 bits), untransposed by the output warpgroup after
+            it issued ``Q S`` and ``P v_new`` (a transposed SMEM load on jax >= 0.11, exact
+            products ``I S`` on 0.10.2) into a staging tile, then TMA. Off the state chain;
+            the ring is then :func:`rs_ring_depth` with the staging tiles (2 at ``K = 128``).
+        store_v_new: also write ``v_new`` (static; the backward's residual and the op's ``u``),
+            the published ``v_new^T`` untransposed in the same way.
+        residual_from: static, one of :data:`RS_RESIDUAL_FROM` (a timing choice, same values
+            bit for bit; ignored without a store): ``"output"`` (default) as above;
+            ``"state"``, the state warpgroup publishes ``S`` and ``v_new`` untransposed
+            (stores through a transposed SMEM view: jax >= 0.11 on the GPU) and TMA-stores
+            the published tiles; no staging tiles, so three stages fit at ``K = 128``
+            (kernel name suffix ``_st``; MOSAIC_GPU.md Sec. 58.5).
 
     Returns:
-        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in v's dtype, ``final_state``
-        ``[B, H, K, V]`` fp32. The roundings of ``fused_t0_split``'s ``state_layout="vk"``:
+        ``(o, final_state)`` without stores: ``o`` ``[B, T, H, V]`` in v's dtype,
+        ``final_state`` ``[B, H, K, V]`` fp32. With ``store_h`` or ``store_v_new``:
+        ``(o, final_state, v_new, h)`` as ``chunk_delta_fused_t0_fwd_mosaic`` returns them:
+        ``v_new`` ``[B, T, H, V]`` in v's dtype (``None`` without ``store_v_new``), ``h``
+        ``[B, H, ceil(T / 64), K, V]`` in v's dtype (``None`` without ``store_h``), both
+        the 16-bit values the read-out's ``wgmma`` reads (the published tiles).
+        The roundings of ``fused_t0_split``'s ``state_layout="vk"``:
         16-bit ``wgmma`` operands (``S``, ``X``, ``Ag_<``, ``P``, ``v_new``, the decayed
         ``v_new``) with fp32 accumulation, ``Ag``'s diagonal ``beta X`` unrounded.
 
@@ -420,7 +573,12 @@ def chunk_delta_fused_rs_fwd_mosaic(
         ValueError: as :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.
             check_fused_t0_inputs` (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``,
             ``g``, ``beta``, ``segment_ids``, ``initial_state``); ``stages`` not ``None`` or in
-            :data:`RS_STAGES`; ``ablation`` not in :data:`RS_ABLATIONS`.
+            :data:`RS_STAGES`; ``ablation`` not in :data:`RS_ABLATIONS`, or other than
+            ``"full"`` with ``store_h`` / ``store_v_new``; ``residual_from`` not in
+            :data:`RS_RESIDUAL_FROM`, or ``"state"`` on the GPU with jax < 0.11; a ``stages``
+            whose SMEM
+            (:func:`rs_smem_bytes`) is over 227 KB (not interpreting; ``stages=3`` with
+            ``store_h`` at ``K = 128``).
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -429,7 +587,26 @@ def chunk_delta_fused_rs_fwd_mosaic(
         raise ValueError(f"stages must be None or one of {RS_STAGES}, got {stages!r}")
     if ablation not in RS_ABLATIONS:
         raise ValueError(f"ablation must be one of {RS_ABLATIONS}, got {ablation!r}")
-    depth = rs_ring_depth(dk, v.dtype) if stages is None else stages
+    stores = store_h or store_v_new
+    if stores and ablation != "full":
+        raise ValueError(f"ablation={ablation!r} is a timing ablation without residuals; got "
+                         f"{store_h=}, {store_v_new=}")
+    if residual_from not in RS_RESIDUAL_FROM:
+        raise ValueError(f"residual_from must be one of {RS_RESIDUAL_FROM}, "
+                         f"got {residual_from!r}")
+    residual_from = residual_from if stores else "output"  # ignored without a store
+    if residual_from == "state" and not (interpret or TRANSPOSED_V_LOAD):
+        raise ValueError("residual_from='state' stores through a transposed swizzled SMEM view, "
+                         f"which jax {jax.__version__} cannot lower (needs >= 0.11; "
+                         "MOSAIC_GPU.md Sec. 56.1)")
+    res = (store_h, store_v_new, residual_from)
+    depth = rs_ring_depth(dk, v.dtype, *res) if stages is None else stages
+    need = rs_smem_bytes(dk, v.dtype, depth, *res)
+    if not interpret and need > _SMEM_LIMIT:  # e.g. stages=3 with store_h at K = 128
+        raise ValueError(f"stages={depth} with {store_h=}, {store_v_new=} needs {need} bytes of "
+                         f"SMEM at K = {dk}, over {_SMEM_LIMIT}: use stages=None "
+                         f"({rs_ring_depth(dk, v.dtype, *res)})")
+    res_state = stores and residual_from == "state"
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     # Padding tokens: q = k = v = 0, T0 rows = 0, beta = 0, g = 0: v_new = 0, o = 0 there and
@@ -444,10 +621,11 @@ def chunk_delta_fused_rs_fwd_mosaic(
     ring = [swz((depth, CHUNK, dk), q.dtype), swz((depth, CHUNK, dk), k.dtype),
             swz((depth, CHUNK, BLOCK_V), dtype), swz((depth, CHUNK, CHUNK), t0.dtype),
             vec, vec, vec, vec, vec, vec, vec]  # g rows, g cols, beta, doc x2, last, conn
-    sb = swz((2, BLOCK_V, dk), dtype)  # sb_s: S^T in 16 bits, published (two halves)
+    # sb_s: S^T in 16 bits, published (two halves); S with residual_from="state"
+    sb = swz((2, dk, BLOCK_V) if res_state else (2, BLOCK_V, dk), dtype)
     state = swz((BLOCK_V, dk), jnp.float32)  # state_s: staging of h0^T and the final S^T
     scratch = ring + ([sb, state] if interpret else [plgpu.RefUnion(sb, state)]) + [
-        swz((2, BLOCK_V, CHUNK), dtype),  # vn_s: v_new^T, published (two halves)
+        swz((2, BLOCK_V, CHUNK), dtype),  # vn_s: v_new^T, published (two; v_new "state")
         swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
         plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=depth),  # in_bar
         plgpu.Barrier(num_arrivals=2, num_barriers=depth),  # in_free: both consumers done
@@ -457,6 +635,10 @@ def chunk_delta_fused_rs_fwd_mosaic(
         plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
         plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
     ]
+    if store_h and not res_state:
+        scratch.append(swz((2, dk, BLOCK_V), dtype))  # hr_s: S, staging of h (two)
+    if store_v_new and not res_state:
+        scratch.append(swz((2, CHUNK, BLOCK_V), dtype))  # vr_s: v_new, staging (two)
     if interpret:  # SMEM copies of register operands and transposed views
         scratch += [plgpu.SMEM((dk, CHUNK), k.dtype)] * 2  # kt0_s, kt1_s
         scratch += [swz(sq, dtype) for sq in (
@@ -465,11 +647,19 @@ def chunk_delta_fused_rs_fwd_mosaic(
     kernel = functools.partial(_rs_kernel, num_chunks=num_chunks, group=heads // kv_heads,
                                scale=float(scale), has_h0=initial_state is not None,
                                depth=depth, interpret=interpret,
-                               **({} if ablation == "full" else {"ablation": ablation}))
+                               **({} if ablation == "full" else {"ablation": ablation}),
+                               **({"store_h": True} if store_h else {}),
+                               **({"store_v_new": True} if store_v_new else {}),
+                               **({"residual_from": "state"} if res_state else {}))
+    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
+                jax.ShapeDtypeStruct((batch, heads, dv, dk), jnp.float32)]  # final S^T
+    if store_v_new:
+        out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
+    if store_h:
+        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
     call = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
-                  jax.ShapeDtypeStruct((batch, heads, dv, dk), jnp.float32)),  # final S^T
+        out_type=tuple(out_type),
         scratch_types=scratch,
         grid=(batch, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
@@ -477,11 +667,16 @@ def chunk_delta_fused_rs_fwd_mosaic(
         thread_name="wg",
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=rs_kernel_name(depth, ablation),
+        kernel_name=rs_kernel_name(depth, ablation, *res),
     )
     # The kernel carries S^T: [B, H, V, K] in and out (transposed here, in XLA).
     h0 = () if initial_state is None else (
         jnp.swapaxes(initial_state.astype(jnp.float32), -1, -2),)
     with jax.named_scope("gdn_chunk_delta_fused_rs_fwd_mosaic"):
-        o, final_t = call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0)
-    return o[:, :seq_len], jnp.swapaxes(final_t, -1, -2)
+        o, final_t, *res = call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0)
+    o, final_state = o[:, :seq_len], jnp.swapaxes(final_t, -1, -2)
+    if not stores:
+        return o, final_state
+    v_new = res.pop(0)[:, :seq_len] if store_v_new else None
+    h = res.pop(0) if store_h else None
+    return o, final_state, v_new, h

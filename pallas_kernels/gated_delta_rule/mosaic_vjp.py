@@ -178,8 +178,17 @@ MAPS_CARRY_X = False
 DEFAULT_FORWARD = "fused_t0"
 # Keyword arguments of kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic at the op's call
 # (forward="fused_rs"): empty, the defaults. For timing variants only (bench_kernels.py
-# --mosaic_rs_stages sets stages; read at trace time).
+# --mosaic_rs_stages sets stages, --mosaic_rs_residual_from residual_from, which only the
+# residual form reads; read at trace time).
 RS_OPTIONS: dict = {}
+# Whether forward="fused_rs" runs its own kernel's residual form under differentiation and with
+# return_residual (MOSAIC_GPU.md Sec. 58): chunk_delta_fused_rs_fwd_mosaic(store_h=...,
+# store_v_new=...) writes h and v_new as fused_t0 does (same arrays, layouts and kind of
+# roundings), the T0 kernel forms W (or not, dh_w="t0") and T0 is kept, so the backward is
+# unchanged. Off (the default until a GPU timing): fused_rs falls back to fused_t0 there, as
+# before. Rows with too few CTAs fall back either way (resolve_forward). Read at trace time
+# (bench_kernels.py --mosaic_rs_residuals sets it).
+RS_RESIDUALS = False
 
 
 def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int) -> str:
@@ -286,7 +295,11 @@ def gated_delta_rule_mosaic(
             jla's schedule, :data:`RS_OPTIONS`); it stores no residuals, so under
             differentiation, with ``return_residual`` and on rows with too few CTAs it runs
             ``"fused_t0"`` instead and logs why once
-            (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.rs_fallback`).
+            (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.rs_fallback`). With
+            :data:`RS_RESIDUALS` on (off by default, MOSAIC_GPU.md Sec. 58) it runs its
+            kernel's residual form there instead (``store_h``, ``store_v_new``; ``T0`` kept,
+            ``W`` from the ``T0`` kernel or, with ``dh_w="t0"``, from ``T0``); rows with too
+            few CTAs still fall back.
         interpret: Mosaic GPU interpret mode (CPU, tests).
         return_residual: also return the per-token residuals
             ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)`` (the forward's ``v_new``; static).
@@ -366,7 +379,8 @@ def resolve_dh_w(dh_w: str, forward: str, dv_local: str, batch: int, heads: int,
     :func:`resolve_forward`): ``"t0"`` only with ``dv_local="fold"`` and a fused ``T0`` forward
     on whole rows (:func:`fused_t0_pieces` is 1), where it saves the ``T0`` kernel's ``W``
     write; else ``"stored"`` (:data:`DH_WS`)."""
-    if (dh_w == "t0" and dv_local == "fold" and forward in ("fused_t0", "fused_t0_split")
+    rs = ("fused_rs",) if RS_RESIDUALS else ()  # its residual form keeps T0 (Sec. 58)
+    if (dh_w == "t0" and dv_local == "fold" and forward in ("fused_t0", "fused_t0_split") + rs
             and fused_t0_pieces(forward, batch, heads, dv, seq_len) == 1):
         return "t0"
     return "stored"
@@ -398,11 +412,22 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     ``"fused_split"``'s fused kernel). ``want_w=False`` (``dh_w="t0"``): the fused ``T0``
     forwards on whole rows run the plain ``T0`` kernel and give ``None`` for ``w`` (the
     backward forms it from ``t0``); the other paths form ``W`` anyway and ignore it."""
-    if forward == "fused_rs" and (residuals or want_v_new):  # its kernel stores neither
+    if forward == "fused_rs" and (residuals or want_v_new) and not RS_RESIDUALS:
         forward = kgd.rs_fallback("under differentiation" if residuals
                                   else "return_residual=True")
     store_v_new = residuals or want_v_new
     batch, seq_len, heads, dv = v.shape
+    if forward == "fused_rs" and store_v_new:  # RS_RESIDUALS: the residual form (Sec. 58)
+        form_w = residuals and want_w
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
+                                          return_w=form_w, g=g, gate_cumsum=gc, doc_vecs=docs,
+                                          **kgd.T0_OPTIONS)
+        t0, w = t0 if form_w else (t0, None)
+        o, final_state, v_new, h = krs.chunk_delta_fused_rs_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
+            segment_ids=segment_ids, interpret=interpret, gate_cumsum=gc, doc_vecs=docs,
+            store_h=residuals, store_v_new=True, **RS_OPTIONS)
+        return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
     if forward == "fused_rs":  # the primal alone (MOSAIC_GPU.md Sec. 56)
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
                                           g=g, gate_cumsum=gc, doc_vecs=docs, **kgd.T0_OPTIONS)

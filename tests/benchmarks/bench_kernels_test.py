@@ -490,6 +490,44 @@ class MarkdownTest(absltest.TestCase):
         finally:
             mosaic_vjp.RS_OPTIONS.clear()
 
+    def test_mosaic_rs_residuals_refused_where_it_would_not_apply_and_sets_the_switch(self):
+        # MOSAIC_GPU.md Sec. 58: --mosaic_rs_residuals only with --mosaic_forward=fused_rs; the
+        # value lands in mosaic_vjp.RS_RESIDUALS (read at trace time by the op).
+        from absl import app, flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        base = dict(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_rs",
+                    mosaic_rs_residuals=True)
+        refused = (
+            (dict(peers=["ours", "jla"]), "applies to peer mosaic only"),
+            (dict(mosaic_forward="fused_t0"), "applies to --mosaic_forward=fused_rs only"),
+        )
+        for extra, message in refused:
+            with flagsaver.flagsaver(**{**base, **extra}):
+                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                    with self.assertRaisesRegex(app.UsageError, message):
+                        bench_kernels.main([])
+                self.assertFalse(run.called)
+        try:
+            with flagsaver.flagsaver(**base):
+                bench_kernels._check_mosaic_rs_residuals()
+                self.assertTrue(mosaic_vjp.RS_RESIDUALS)
+            with flagsaver.flagsaver(mosaic_rs_residual_from="state", **base):
+                bench_kernels._check_mosaic_rs_residuals()
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {"residual_from": "state"})
+            with flagsaver.flagsaver(mosaic_rs_residuals=None):
+                bench_kernels._check_mosaic_rs_residuals()
+                self.assertFalse(mosaic_vjp.RS_RESIDUALS)
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {})
+            with flagsaver.flagsaver(mosaic_rs_residual_from="state"):
+                with self.assertRaisesRegex(app.UsageError, "--mosaic_rs_residuals only"):
+                    bench_kernels._check_mosaic_rs_residuals()
+        finally:
+            mosaic_vjp.RS_RESIDUALS = False
+            mosaic_vjp.RS_OPTIONS.clear()
+
     def test_mosaic_forward_reaches_the_xla_wy_path(self):
         # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.
         from absl import flags

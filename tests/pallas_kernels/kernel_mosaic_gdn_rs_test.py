@@ -16,6 +16,7 @@ registers (``kernel_mosaic_gpu_rs``, MOSAIC_GPU.md Sec. 56).
   ``fused_t0`` kernel's errors.
 """
 
+import functools
 from unittest import mock
 
 import jax
@@ -29,8 +30,10 @@ from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
 from pallas_kernels.gated_delta_rule import mosaic_vjp
 from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as bwd_test
 from tests.pallas_kernels import kernel_mosaic_gdn_t0_test as t0_test
 from tests.pallas_kernels import kernel_mosaic_gdn_test as gdn_test
+from tests.pallas_kernels import kernel_mosaic_gdn_vjp_test as vjp_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 _GATE = t0_test._FWD_GATE
@@ -67,6 +70,38 @@ def _check_kernel(test, *case, dtype=jnp.bfloat16, seed=0, interpret=True, stage
 
 def _export_text(fn, *args):
     return jax.export.export(jax.jit(fn), platforms=["cuda"])(*args).mlir_module()
+
+
+def _rs_residuals_on():
+    """The switch of the residual form on (``RS_RESIDUALS``), on whole rows (the test rows have
+    few CTAs: ``FUSED_T0_FALLBACK`` off keeps ``fused_rs``)."""
+    return mock.patch.multiple(mosaic_vjp, RS_RESIDUALS=True, FUSED_T0_FALLBACK=False)
+
+
+def _check_residuals(test, *case, dtype=jnp.bfloat16, seed=0, interpret=True):
+    """The residual form's ``h`` and ``v_new`` against ``fused_t0``'s (``store_h``,
+    ``store_v_new``) on the same inputs and ``T0``: same shapes and dtypes, ``h``'s first chunk
+    (``h0`` in 16 bits) bit-equal, the rest within the forward gate (relative RMS; the kinds of
+    rounding are the same, the summation orders differ); ``o`` and the final state equal the
+    forward-only kernel's bit for bit. Returns the relative RMS differences."""
+    (q, k, v, g, beta, state, seg), t0, (o, final) = _run_kernel(
+        *case, dtype, seed=seed, interpret=interpret)
+    scale = k.shape[-1] ** -0.5
+    o_r, final_r, vn_r, h_r = krs.chunk_delta_fused_rs_fwd_mosaic(
+        q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
+        interpret=interpret, store_h=True, store_v_new=True)
+    _, _, vn_t, h_t = kfused.chunk_delta_fused_t0_fwd_mosaic(
+        q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
+        interpret=interpret, store_h=True, store_v_new=True)
+    test.assertTrue(bool(jnp.all(o_r == o)), "o")  # the stores change no sum
+    test.assertTrue(bool(jnp.all(final_r == final)), "final_state")
+    test.assertTrue(bool(jnp.all(h_r[:, :, 0] == h_t[:, :, 0])), "h0")
+    errs = {}
+    for name, got, want in (("h", h_r, h_t), ("v_new", vn_r, vn_t)):
+        test.assertEqual((got.shape, got.dtype), (want.shape, want.dtype), name)
+        errs[name] = tolerances.rel_err(got, want)
+        test.assertLess(errs[name], _GATE[jnp.dtype(dtype)], name)
+    return errs
 
 
 class RsTest(parameterized.TestCase):
@@ -172,6 +207,101 @@ class RsTest(parameterized.TestCase):
             krs.chunk_delta_fused_rs_fwd_mosaic(q, k, v, t0[..., :32], g, beta, scale=0.1)
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, forward="fused_rx")
+        with self.assertRaisesRegex(ValueError, "without residuals"):
+            krs.chunk_delta_fused_rs_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1,
+                                                ablation="state", store_h=True)
+        q2, k2, v2, g2, beta2, _, _ = t0_test._inputs(1, 100, 1, 1, 128, 128, 0.2, False, None)
+        with self.assertRaisesRegex(ValueError, "268544 bytes of SMEM"):
+            krs.chunk_delta_fused_rs_fwd_mosaic(q2, k2, v2, t0, g2, beta2, scale=0.1, stages=3,
+                                                store_h=True, store_v_new=True)
+
+
+class RsResidualTest(parameterized.TestCase):
+    """CI: the residual form (``store_h`` / ``store_v_new``, ``RS_RESIDUALS``; MOSAIC_GPU.md
+    Sec. 58): export, ring depth, wiring. About 3 s."""
+
+    def test_ring_depth_and_smem_with_residuals(self):
+        # K = 128: the staging tiles (2 x 16 KB + 2 x 8 KB) leave room for two stages only
+        self.assertEqual(krs.rs_smem_bytes(128, jnp.bfloat16, 3, True, True), 268_544)
+        self.assertEqual(krs.rs_smem_bytes(128, jnp.bfloat16, 2, True, True), 217_600)
+        self.assertEqual(krs.rs_ring_depth(128, jnp.bfloat16, True, True), 2)
+        self.assertEqual(krs.rs_ring_depth(128, jnp.float16, False, True), 2)
+        self.assertEqual(krs.rs_ring_depth(64, jnp.bfloat16, True, True), 3)
+        self.assertEqual(krs.rs_kernel_name(2, "full", True, True),
+                         "gdn_chunk_delta_fused_rs_fwd_s2_res")
+        self.assertEqual(krs.rs_kernel_name(3, "full", False, True),
+                         "gdn_chunk_delta_fused_rs_fwd_s3_vn")
+
+    def test_residual_from_state(self):
+        # MOSAIC_GPU.md Sec. 58.5: no staging tiles, three stages at K = 128; stores through a
+        # transposed swizzled view, which only jax >= 0.11 lowers
+        self.assertEqual(krs.rs_ring_depth(128, jnp.bfloat16, True, True, "state"), 3)
+        self.assertEqual(krs.rs_smem_bytes(128, jnp.bfloat16, 3, True, True, "state"), 219_392)
+        q, k, v, g, beta, state, seg = t0_test._inputs(1, 200, 2, 1, 128, 128, 0.2, True,
+                                                       (70, 30))
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+        run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, scale=0.1,
+                                store_h=True, store_v_new=True, residual_from="state")
+        with self.assertRaisesRegex(ValueError, "residual_from must be one of"):
+            run(q, k, v, t0, g, beta, residual_from="memory")
+        if not krs.TRANSPOSED_V_LOAD:
+            with self.assertRaisesRegex(ValueError, "cannot lower"):
+                run(q, k, v, t0, g, beta)
+            return
+        text = _export_text(lambda *a: run(*a[:6], initial_state=a[6], segment_ids=a[7]),
+                            q, k, v, t0, g, beta, state, seg)
+        self.assertIn(krs.rs_kernel_name(3, "full", True, True, "state"), text)
+        self.assertEqual(krs.rs_kernel_name(3, "full", True, True, "state"),
+                         "gdn_chunk_delta_fused_rs_fwd_s3_res_st")
+
+    def test_op_grad_exports_the_residual_form(self):
+        # jax.grad through the op with the switch on, dh_w="t0": the plain T0 kernel, the
+        # residual form, the folded reverse pass forming W, the fused backward; no fused_t0.
+        q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
+            1, 200, 2, 1, 128, 128, 0.2, True, True, (70, 30))
+
+        def loss(q, k, v, g, beta, h0, seg):
+            o, final = mosaic_vjp.gated_delta_rule_mosaic(
+                q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
+                output_final_state=True, forward="fused_rs", dh_w="t0")
+            return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
+
+        with _rs_residuals_on():
+            self.assertEqual(mosaic_vjp.resolve_dh_w("t0", "fused_rs", "fold", 1, 2, 128, 200),
+                             "t0")
+            text = _export_text(jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5)),
+                                q, k, v, g, beta, state, seg)
+        calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+        self.assertEqual(len(calls), 4)
+        for name in ("gdn_chunk_kkt_inverse_subst_split\\00",
+                     krs.rs_kernel_name(2, "full", True, True),
+                     "gdn_chunk_delta_dh_fold_t0\\00", "gdn_chunk_bwd_fused_ws\\00"):
+            self.assertEqual(sum(name in c for c in calls), 1, msg=name)
+        self.assertNotIn("gdn_chunk_delta_fused_t0_fwd", text)
+        self.assertEqual(mosaic_vjp.RS_RESIDUALS, False)  # off by default
+
+    def test_forward_keeps_the_residuals_without_fallback(self):
+        q, k, v, g, beta, state, seg = t0_test._inputs(1, 200, 2, 1, 64, 128, 0.2, True,
+                                                       (70, 30))
+        fwd = functools.partial(mosaic_vjp._forward, scale=0.1, forward="fused_rs",
+                                interpret=False)
+        with _rs_residuals_on(), mock.patch.object(validation, "_logged", set()), \
+                mock.patch.object(validation, "log_once") as log:
+            _, (w, h, v_new, maps, t0) = jax.eval_shape(
+                lambda *a: fwd(*a), q, k, v, g, beta, state, seg)
+            self.assertEqual(h.shape, (1, 2, 4, 64, 128))
+            self.assertEqual((v_new.shape, t0.shape, w.shape),
+                             (v.shape, v.shape[:3] + (64,), (1, 200, 2, 64)))
+            self.assertIsNone(maps)
+            _, (w, h, v_new, _, t0) = jax.eval_shape(  # dh_w="t0": no W
+                lambda *a: fwd(*a, want_w=False), q, k, v, g, beta, state, seg)
+            self.assertEqual((w, h is None, t0 is None), (None, False, False))
+            _, (w, h, v_new, _, t0) = jax.eval_shape(  # return_residual: v_new alone
+                lambda *a: fwd(*a, residuals=False, want_v_new=True), q, k, v, g, beta, state,
+                seg)
+            self.assertEqual((w, h, t0), (None, None, None))
+            self.assertEqual(v_new.shape, v.shape)
+            log.assert_not_called()  # no fallback
 
 
 # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, document lengths (the rest one more), dtype
@@ -254,6 +384,60 @@ class RsInterpretTest(parameterized.TestCase):
         gdn_test._assert_close(self, "final_state", final, want_final, allclose=False)
 
 
+# B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths; dh_w
+_RESIDUAL_GRAD_CASES = (
+    ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
+     (64, 36, 30), "stored"),
+    ("gated_h0_packed_partial_T130_K128_V64_dh_w_t0", 1, 130, 2, 2, 128, 64, 0.05, True,
+     False, (10, 54), "t0"),
+)
+
+
+# Slow (out of CI), as RsInterpretTest: the residual form (MOSAIC_GPU.md Sec. 58).
+@pytest.mark.slow
+class RsResidualInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_INTERPRET_CASES[:2])
+    def test_residuals_equal_fused_t0s(self, *case):
+        errs = _check_residuals(self, *case[:-1], dtype=case[-1])
+        print(f"fused_rs residuals {self.id()}: " + ", ".join(
+            f"{k} {v:.3e}" for k, v in errs.items()))
+
+    @parameterized.named_parameters(*_RESIDUAL_GRAD_CASES)
+    def test_op_grads_match_reference(self, *case):
+        # jax.vjp of the op with the switch on against the fp32 chunked vjp (the vjp tests'
+        # gates: 5e-3, dg and dbeta 1e-2)
+        with _rs_residuals_on(), mock.patch.object(validation, "log_once") as log:
+            vjp_test._check(self, bwd_test._pipeline_inputs(*case[:-1]), True,
+                            forward="fused_rs", dh_w=case[-1])
+            log.assert_not_called()  # the residual form ran, no fallback
+
+    def test_residual_from_state_equals_output(self):
+        # residual_from="state" (Sec. 58.5): the same values bit for bit, 3 and 2 stages
+        case = _INTERPRET_CASES[1][1:-1]
+        (q, k, v, g, beta, state, seg), t0, _ = _run_kernel(*case)
+        run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, q, k, v, t0, g, beta,
+                                scale=case[4] ** -0.5, initial_state=state, segment_ids=seg,
+                                interpret=True, store_h=True, store_v_new=True)
+        want = run()
+        for stages in (None, 2):
+            got = run(residual_from="state", stages=stages)
+            for name, a, b in zip(("o", "final_state", "v_new", "h"), got, want, strict=True):
+                self.assertTrue(bool(jnp.all(a == b)), f"{name}, {stages=}")
+
+    def test_op_return_residual_equals_fused_t0s(self):
+        q, k, v, g, beta, state, seg = t0_test._inputs(1, 150, 2, 1, 64, 128, 0.05, True,
+                                                       (64, 36, 30))
+        run = functools.partial(mosaic_vjp.gated_delta_rule_mosaic, q, k, v, g, beta,
+                                initial_state=state, segment_ids=seg, return_residual=True,
+                                interpret=True)
+        with _rs_residuals_on():
+            o, _, u = run(forward="fused_rs")
+            o_t, _, u_t = run(forward="fused_t0")
+        self.assertLess(tolerances.rel_err(u, u_t), _GATE[jnp.dtype(jnp.bfloat16)])
+        self.assertLess(tolerances.rel_err(o, o_t), _GATE[jnp.dtype(jnp.bfloat16)])
+
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernel against the fp32 reference, beside the default ``fused_t0``."""
@@ -290,6 +474,38 @@ class GpuTest(kmg_test.HopperTestCase):
         want_o, want_final, _ = gdn_test._reference(q, k, v, g, beta, state, seg, 128 ** -0.5)
         gdn_test._assert_close(self, "o", o, want_o, allclose=False)
         gdn_test._assert_close(self, "final_state", final, want_final, allclose=False)
+
+    def test_residuals_equal_fused_t0s(self):
+        # The residual form (MOSAIC_GPU.md Sec. 58) on a realistic row: 64 chunks, a partial
+        # last one, documents, h0, GVA; K = V = 128 (two stages)
+        errs = _check_residuals(self, 1, 4090, 4, 2, 128, 128, 0.05, True,
+                                (700, 1, 64, 999, 1200), seed=5, interpret=False)
+        print("fused_rs residuals vs fused_t0: " + ", ".join(
+            f"{k} {v:.3e}" for k, v in errs.items()))
+
+    def test_residuals_from_state_equal_from_output(self):
+        # residual_from="state" (Sec. 58.5; jax >= 0.11): bit-equal to the default form
+        if not krs.TRANSPOSED_V_LOAD:
+            self.skipTest("residual_from='state' needs jax >= 0.11")
+        case = (1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200))
+        (q, k, v, g, beta, state, seg), t0, _ = _run_kernel(*case, seed=5, interpret=False)
+        run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, q, k, v, t0, g, beta,
+                                scale=128 ** -0.5, initial_state=state, segment_ids=seg,
+                                store_h=True, store_v_new=True)
+        for name, a, b in zip(("o", "final_state", "v_new", "h"), run(residual_from="state"),
+                              run(), strict=True):
+            self.assertTrue(bool(jnp.all(a == b)), name)
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128_stored", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999), "stored"),
+        ("deltanet_partial_T1000_K64_V64_t0", 2, 1000, 2, 2, 64, 64, None, False, True, None,
+         "t0"),
+    )
+    def test_op_grads_with_rs_residuals_match_reference(self, *case):
+        with _rs_residuals_on():
+            vjp_test._check(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False,
+                            forward="fused_rs", dh_w=case[-1])
 
 
 if __name__ == "__main__":
