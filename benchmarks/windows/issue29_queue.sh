@@ -116,17 +116,21 @@
 # 2026-12-07f, mix and lgt_ftests on 2026-12-07g: pages
 # benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c,07d,07e,07f,07g}.md);
 # name items to run others.
-# Order (after 2026-12-07g, MOSAIC_GPU.md Sec. 50-52): dhw (W from T0 in the reverse pass: the
-# 12-07g timing met Sec. 51's rule, its gate and gpu tests are what is left), pskip (Sec. 52),
-# KDA's table (Sec. 49.1's rule for prepare at P1), DeltaNet's table and its auto decision
-# (tab_dn); then by name lgt_rh (Sec. 54), lgt_st (Sec. 55), tab_lgt (Lightning with forward="auto", Sec.
-# 50.1), tab_gdn2 (P1 never timed) and the fla column (tab_fla); one item per call (give each
-# its estimate + 35 s: the wheels' install comes first on a fresh machine). Then the 350M
-# throughput (tp350; TP_MB=16 on an H200). autooff_dn, cw_state, cw_tests and the rest by name.
+# Order (after 2026-12-07h, MOSAIC_GPU.md Sec. 56-58): rs (GDN's forward with S^T in registers,
+# jla's schedule: S1 fwd, the largest gap left), dhw (W from T0 in the reverse pass: the 12-07g
+# timing met Sec. 51's rule, its gate and gpu tests are what is left), rs_res (fused_rs's
+# residual form at S1 fwd+bwd, both backwards: worth a call only if rs's kernel is at or under
+# fused_t0's; else run the next item by name); then by name mapsx (Sec. 57, S2/P1), pskip
+# (Sec. 52), tab_kda (Sec. 49.1's rule for prepare at P1), tab_dn (DeltaNet's table and its
+# auto decision), rs_prof (if rs is kept but not adopted), lgt_rh (Sec. 54), lgt_st (Sec. 55),
+# tab_lgt (Lightning with forward="auto", Sec. 50.1), tab_gdn2 (P1 never timed) and the fla
+# column (tab_fla); one item per call (give each its estimate + 35 s: the wheels' install
+# comes first on a fresh machine). Then the 350M throughput (tp350; TP_MB=16 on an H200).
+# autooff_dn, cw_state, cw_tests and the rest by name.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-dhw pskip tab_kda tab_dn}
+ITEMS=${*:-rs dhw rs_res}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
