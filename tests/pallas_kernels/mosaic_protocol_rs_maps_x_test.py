@@ -226,8 +226,9 @@ def _check(programs, arrivals, locations, where=""):
 # ---------------------------------------------------------------------------------------------
 # kernel_mosaic_gpu_rs (fused_rs)
 
+# rs.py:630-636 (in_bar: the eleven TMA copies are one arrival here; "issue": a copy's start)
 RS_ARRIVALS = {"in_bar": 1, "in_free": 2, "ag_ready": 1, "s_ready": 1, "s_free": 1,
-               "io_bar": 1, "done": 3, "issue": 1}  # rs.py:630-636 (in_bar: 11 TMA copies, one here)
+               "io_bar": 1, "done": 3, "issue": 1}
 
 
 def rs_locations(depth):
@@ -381,7 +382,8 @@ def maps_x_locations(depth):
 
 def maps_x_protocol(depth, num_chunks, maps_on=True, x_on=True, cut=None):
     """The GPU path of ``kernel_mosaic_gpu_maps_x._maps_x_kernel`` for one CTA:
-    ``[maps, local, memory, copy engine]``. ``maps_on`` / ``x_on``: whether block ``iv`` carries the chain
+    ``[maps, local, memory, copy engine]``. ``maps_on`` / ``x_on``: whether block ``iv``
+    carries the chain
     (mx.py:102-103); ``cut``: ``None`` without ``piece_skip``, else the piece's cut
     (mx.py:104-105)."""
     lo = 0 if cut is None else max(cut, 0)
