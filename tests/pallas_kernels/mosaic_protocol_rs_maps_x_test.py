@@ -35,6 +35,7 @@ The whole file runs in well under a second.
 """
 
 import itertools
+import os
 
 from absl.testing import absltest, parameterized
 
@@ -383,9 +384,8 @@ def maps_x_locations(depth):
 def maps_x_protocol(depth, num_chunks, maps_on=True, x_on=True, cut=None):
     """The GPU path of ``kernel_mosaic_gpu_maps_x._maps_x_kernel`` for one CTA:
     ``[maps, local, memory, copy engine]``. ``maps_on`` / ``x_on``: whether block ``iv``
-    carries the chain
-    (mx.py:102-103); ``cut``: ``None`` without ``piece_skip``, else the piece's cut
-    (mx.py:104-105)."""
+    carries the chain (mx.py:102-103); ``cut``: ``None`` without ``piece_skip``, else the
+    piece's cut (mx.py:104-105)."""
     lo = 0 if cut is None else max(cut, 0)
     mem, mp, lc, dma = _Wg(), _Wg(), _Wg(), _Wg()
     # memory: mgl.ring_producer / ring_producer_from (mgl.py:202-241), mx.py:113-129
@@ -489,7 +489,32 @@ def _without(model, wg, event, count=None):
     return broken
 
 
+# The synchronization calls in each kernel's source when its model above was written from it. A
+# change here means the kernel's protocol changed: update the model (and its line references),
+# then these counts.
+_KERNEL_SYNC_CALLS = {
+    "kernel_mosaic_gpu_rs.py": {
+        "barrier_wait(": 12, "barrier_arrive(": 10, "commit_smem(": 6, "copy_smem_to_gmem(": 5,
+        "wait_smem_to_gmem(": 4, "copy_gmem_to_smem(": 0, "plgpu.Barrier(": 7,
+        "entry_state(": 1, "store_state(": 1, "ring_producer": 1},
+    "kernel_mosaic_gpu_maps_x.py": {
+        "barrier_wait(": 4, "barrier_arrive(": 4, "commit_smem(": 4, "copy_smem_to_gmem(": 0,
+        "wait_smem_to_gmem(": 2, "copy_gmem_to_smem(": 1, "plgpu.Barrier(": 4,
+        "entry_state(": 2, "store_state(": 2, "ring_producer": 2},
+}
+
+
 class ProtocolTest(parameterized.TestCase):
+
+    def test_models_match_the_kernels_synchronization_calls(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        root = os.path.join(here, os.pardir, os.pardir, "pallas_kernels", "gated_delta_rule")
+        for name, want in _KERNEL_SYNC_CALLS.items():
+            with open(os.path.join(root, name), encoding="utf-8") as f:
+                text = f.read()
+            got = {call: text.count(call) for call in want}
+            self.assertEqual(got, want, msg=f"{name}'s synchronization changed: update its "
+                             "protocol model in this file, then _KERNEL_SYNC_CALLS")
 
     def test_fused_rs_protocol_is_safe(self):
         # Every form (forward only; h and v_new from the output or the state warpgroup; the
