@@ -516,6 +516,48 @@ class ProtocolTest(parameterized.TestCase):
             self.assertEqual(got, want, msg=f"{name}'s synchronization changed: update its "
                              "protocol model in this file, then _KERNEL_SYNC_CALLS")
 
+    def test_exact_check_passes_the_split_kernels_sampled_model(self):
+        # The exact checker on kernel_mosaic_gdn_t0_test._split_protocol (every valid order,
+        # stage ablation, protocol, depth, 1 to 7 chunks), which that file samples: it passes,
+        # and the seeded s_free bug of test_split_protocol_check_finds_a_deadlock_and_a_race
+        # is found. That model has no fences, and ends reads it never starts ("state").
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+        from tests.pallas_kernels import kernel_mosaic_gdn_t0_test as t0_test
+
+        def check(programs, depth):
+            slots = {"in_bar": depth, "in_free": depth, "ag_ready": depth, "ring": depth,
+                     "ag": depth}
+            arrivals = {"in_bar": 1, "in_free": 2, "ag_ready": 1, "s_ready": 1, "s_free": 1,
+                        "s_pub": 1, "done": 3}
+            adapted = []
+            for program in programs:
+                wg, opened = _Wg(), set()
+                for kind, name, n in program:
+                    slot = n % slots.get(name, 2) if name != "done" else 0
+                    if kind in "WA":
+                        wg.ev.append((kind, name, slot, None))
+                    elif kind == "X":
+                        wg.write(name, n, "a")  # no fences in that model: not checked
+                    else:
+                        if kind == "E" and (name, n) not in opened:
+                            wg.start(name, n, "a")
+                        opened.add((name, n))
+                        wg.ev.append((kind, name, n, "a" if kind == "R" else None))
+                adapted.append(wg.ev)
+            _check(adapted, arrivals, lambda buf, n: [
+                ((buf, n % slots.get(buf, 2)), (n, 0))])
+
+        for protocol, order, depth, num_chunks, stages in itertools.product(
+                ("joint", "early_s"), kfused.SPLIT_ORDERS, kfused.SPLIT_STAGES, _CHUNKS,
+                ("full", "io", "state", "readout")):
+            if (protocol == "early_s" and stages != "full") or (
+                    stages in ("state", "readout") and order != "state_ag"):
+                continue  # refused by the kernel
+            check(t0_test._split_protocol(order, depth, num_chunks, stages, protocol), depth)
+        state, *others = t0_test._split_protocol("prepare_first", 2, 4)
+        with self.assertRaisesRegex(AssertionError, "still read"):
+            check([[e for e in state if e[:2] != ("W", "s_free")]] + others, 2)
+
     def test_fused_rs_protocol_is_safe(self):
         # Every form (forward only; h and v_new from the output or the state warpgroup; the
         # ablations; no h0), ring depths 2 and 3, 1 to 7 chunks: no deadlock, no lapped phase,
