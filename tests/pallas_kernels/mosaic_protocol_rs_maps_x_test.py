@@ -39,7 +39,7 @@ import os
 
 from absl.testing import absltest, parameterized
 
-_RS_STAGES = (2, 3)  # kernel_mosaic_gpu_rs.RS_STAGES (not imported: this file is jax-free)
+_RS_STAGES = (2, 3)  # kernel_mosaic_gpu_rs.RS_STAGES (the models import no jax)
 _MAPS_X_STAGES = 2  # mgl.STAGES, the ring of kernel_mosaic_gpu_maps_x
 _CHUNKS = range(1, 8)
 
