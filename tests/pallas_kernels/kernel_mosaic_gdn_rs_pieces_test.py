@@ -33,7 +33,6 @@ from absl.testing import absltest, parameterized
 from pallas_kernels.common import mosaic_gpu
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.common import validation
-from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
 from pallas_kernels.gated_delta_rule import mosaic_vjp
 from tests import tolerances
@@ -217,10 +216,11 @@ class RsPiecesInterpretTest(parameterized.TestCase):
     def test_op_primal_matches_reference(self):
         q, k, v, g, beta, h0, seg, _, _, _ = bwd_test._pipeline_inputs(
             1, 1000, 2, 1, 64, 64, 0.05, True, True, (256, 300, 200))
-        with _rs_pieces_on():
-            o, final = mosaic_vjp.gated_delta_rule_mosaic(
-                q, k, v, g, beta, initial_state=h0, segment_ids=seg, output_final_state=True,
-                forward="fused_rs", interpret=True)
+        with _rs_pieces_on():  # jitted: eager dispatch of the pieces' launches once hung
+            # in the interpreter's thread pool on a 2-core host
+            o, final = jax.jit(lambda *a: mosaic_vjp.gated_delta_rule_mosaic(
+                *a, initial_state=h0, segment_ids=seg, output_final_state=True,
+                forward="fused_rs", interpret=True))(q, k, v, g, beta)
         want_o, want_final, _ = gdn_test._reference(q, k, v, g, beta, h0, seg, 64 ** -0.5)
         gdn_test._assert_close(self, "o", o, want_o, allclose=False)
         gdn_test._assert_close(self, "final_state", final, want_final, allclose=False)
