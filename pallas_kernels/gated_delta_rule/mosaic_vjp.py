@@ -213,7 +213,7 @@ def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int)
         return forward
     if forward == "fused_rs" and RS_PIECES and FUSED_T0_PIECES:  # Sec. 60
         return forward
-    if forward == "fused_rs":  # whole rows only: "fused_t0" runs them as sequence pieces
+    if forward == "fused_rs":  # without RS_PIECES: "fused_t0" runs them as sequence pieces
         forward = kgd.rs_fallback("rows with too few CTAs: sequence pieces")
     return forward if forward == "fused_t0" and FUSED_T0_PIECES else "three_pass"
 
@@ -314,7 +314,9 @@ def gated_delta_rule_mosaic(
             :data:`RS_RESIDUALS` on (off by default, MOSAIC_GPU.md Sec. 58) it runs its
             kernel's residual form there instead (``store_h``, ``store_v_new``; ``T0`` kept,
             ``W`` from the ``T0`` kernel or, with ``dh_w="t0"``, from ``T0``); rows with too
-            few CTAs still fall back.
+            few CTAs still fall back, unless :data:`RS_PIECES` is on (off by default,
+            MOSAIC_GPU.md Sec. 60): then they run ``"fused_t0"``'s sequence pieces with this
+            kernel as the last launch (``pieces=P``, from the entry states ``e_p``).
         interpret: Mosaic GPU interpret mode (CPU, tests).
         return_residual: also return the per-token residuals
             ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)`` (the forward's ``v_new``; static).
