@@ -16,7 +16,8 @@ under differentiation its residual form: ``h`` at global chunk indices, ``v_new`
   ``h`` within the forward gate) and both against the fp32 token-serial reference: documents
   crossing piece boundaries, a document starting at a piece start, ``h0``, a partial last
   chunk, GVA; with ``MAPS_CARRY_X`` and ``PIECE_SKIP``. The op's gradients with ``RS_PIECES``
-  and ``RS_RESIDUALS`` against the fp32 chunked vjp (``kernel_mosaic_gdn_vjp_test._check``).
+  and ``RS_RESIDUALS`` against the fp32 chunked vjp (``kernel_mosaic_gdn_vjp_test._check``);
+  its primal against the reference; with ``return_residual`` against ``fused_t0``'s pieces.
 * ``gpu`` (``RsPiecesGpuTest``): the compiled kernel on pieces against ``fused_t0``'s pieces
   and the reference at K = V = 128; the op's gradients with both switches.
 """
@@ -224,6 +225,25 @@ class RsPiecesInterpretTest(parameterized.TestCase):
         want_o, want_final, _ = gdn_test._reference(q, k, v, g, beta, h0, seg, 64 ** -0.5)
         gdn_test._assert_close(self, "o", o, want_o, allclose=False)
         gdn_test._assert_close(self, "final_state", final, want_final, allclose=False)
+
+    def test_op_return_residual_equals_fused_t0s(self):
+        # the primal with u (store_v_new alone: kernel ..._vn on the pieces) against fused_t0's
+        # pieces on the same inputs
+        q, k, v, g, beta, h0, seg, _, _, _ = bwd_test._pipeline_inputs(
+            1, 1000, 2, 1, 64, 64, 0.05, True, True, (256, 300, 200))
+
+        def run(forward):
+            return jax.jit(lambda *a: mosaic_vjp.gated_delta_rule_mosaic(
+                *a, initial_state=h0, segment_ids=seg, output_final_state=True,
+                return_residual=True, forward=forward, interpret=True))(q, k, v, g, beta)
+
+        with _rs_pieces_on(residuals=True), mock.patch.object(validation, "log_once") as log:
+            got = run("fused_rs")
+            log.assert_not_called()
+            want = run("fused_t0")
+        for name, a, b in zip(("o", "final_state", "u"), got, want, strict=True):
+            self.assertEqual((a.shape, a.dtype), (b.shape, b.dtype), name)
+            self.assertLess(tolerances.rel_err(a, b), _GATE[jnp.dtype(jnp.bfloat16)], name)
 
 
 @pytest.mark.gpu
