@@ -124,7 +124,8 @@
 # jla's schedule: S1 fwd, the largest gap left), dhw (W from T0 in the reverse pass: the 12-07g
 # timing met Sec. 51's rule, its gate and gpu tests are what is left), rs_res (fused_rs's
 # residual form at S1 fwd+bwd, both backwards: worth a call only if rs's kernel is at or under
-# fused_t0's; else run the next item by name); then by name mapsx (Sec. 57, S2/P1), pskip
+# fused_t0's; else run the next item by name); then by name rs_pieces (Sec. 60: fused_rs on
+# S2/P1's pieces, worth a call once rs's kernel beats fused_t0's), mapsx (Sec. 57, S2/P1), pskip
 # (Sec. 52), tab_kda (Sec. 49.1's rule for prepare at P1), tab_dn (DeltaNet's table and its
 # auto decision), rs_prof (if rs is kept but not adopted), lgt_rh (Sec. 54), lgt_st (Sec. 55),
 # tab_lgt (Lightning with forward="auto", Sec. 50.1), tab_gdn2 (P1 never timed) and the fla
