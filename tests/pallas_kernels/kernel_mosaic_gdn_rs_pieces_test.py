@@ -65,10 +65,12 @@ def _case(seq_len, heads, kv_heads, dk, dv, docs, decay=0.2, seed=0, h0=True):
 
 def _pieces(case, state, pieces, rs, store=True, skip=False, carry_x=False, interpret=True):
     q, k, v, g, beta, seg, t0, w, gc, docs = case
-    return mosaic_vjp._fused_t0_pieces(
-        q, k, v, t0, w, g, beta, state, gc, docs, pieces=pieces, scale=k.shape[-1] ** -0.5,
+    # jitted: eager dispatch of the launches hung in the interpreter's thread pool late in a
+    # long process on a 2-core host (MOSAIC_GPU.md Sec. 60.2)
+    return jax.jit(functools.partial(
+        mosaic_vjp._fused_t0_pieces, pieces=pieces, scale=k.shape[-1] ** -0.5,
         store_v_new=store, store_h=store, interpret=interpret, piece_skip=skip,
-        carry_x=carry_x, rs=rs)
+        carry_x=carry_x, rs=rs))(q, k, v, t0, w, g, beta, state, gc, docs)
 
 
 def _check_against_fused_t0(test, case, state, pieces, dtype=jnp.bfloat16, **options):
