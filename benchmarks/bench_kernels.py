@@ -41,7 +41,9 @@ layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the r
 ``--mosaic_forward=fused_rs`` times the primal-only forward with the state in registers (Sec. 56;
 ``--mosaic_rs_stages=2`` its two-stage ring; under differentiation it runs ``fused_t0``, or
 with ``--mosaic_rs_residuals`` its own residual form, which stores ``h`` and ``v_new``, Sec. 58;
-``--mosaic_rs_residual_from=state`` the form that stores the published tiles, Sec. 58.5).
+``--mosaic_rs_residual_from=state`` the form that stores the published tiles, Sec. 58.5;
+``--mosaic_rs_pieces`` its kernel on the sequence pieces of rows with few CTAs, S2 and P1,
+instead of ``fused_t0``'s, Sec. 60).
 ``--mosaic_gla_residual_h`` (op lightning, pass fwdbwd) keeps the fused forward's chunk
 states as the backward's residual instead of recomputing them (Sec. 54);
 ``--mosaic_gla_stages=3`` gives its fused forward a three-stage TMA ring (Sec. 55).
@@ -143,6 +145,14 @@ _MOSAIC_RS_RESIDUAL_FROM = flags.DEFINE_enum(
     "output (the default: staging tiles, two stages at K = 128) or state (published "
     "untransposed, three stages; jax >= 0.11); MOSAIC_GPU.md Sec. 58.5. Recorded as "
     "mosaic_rs_residual_from.")
+_MOSAIC_RS_PIECES = flags.DEFINE_bool(
+    "mosaic_rs_pieces", None,
+    "Peer mosaic, ops gdn / deltanet, --mosaic_forward=fused_rs: sets mosaic_vjp.RS_PIECES for "
+    "this process: on, rows with too few CTAs (S2, P1) run fused_rs's kernel as the sequence "
+    "pieces' last launch (MOSAIC_GPU.md Sec. 60) instead of falling back to fused_t0's pieces "
+    "(under differentiation with --mosaic_rs_residuals only); unset: the op's default (off). "
+    "Refused with --mosaic_t0_pieces=false. Recorded with every mosaic gdn / deltanet record "
+    "(mosaic_rs_pieces; mosaic_forward_run and mosaic_pieces_run name what ran).")
 _MOSAIC_GLA_RESIDUAL_H = flags.DEFINE_bool(
     "mosaic_gla_residual_h", None,
     "Peer mosaic, op lightning, pass fwdbwd: the residual_h= of simple_gla_mosaic: on, the "
@@ -700,6 +710,32 @@ def _check_mosaic_rs_residuals():
         mosaic_vjp.RS_OPTIONS["residual_from"] = where
 
 
+def _check_mosaic_rs_pieces():
+    """``--mosaic_rs_pieces`` where it would apply, before anything runs (peer mosaic, op gdn
+    or deltanet, ``--mosaic_forward=fused_rs``, sequence pieces not turned off by
+    ``--mosaic_t0_pieces=false``), then set ``mosaic_vjp.RS_PIECES`` (the op's default, off,
+    when the flag is unset)."""
+    from pallas_kernels.gated_delta_rule import mosaic_vjp
+    value = _MOSAIC_RS_PIECES.value
+    mosaic_vjp.RS_PIECES = False
+    if value is None:
+        return
+    named = f"--mosaic_rs_pieces={value}"
+    if "mosaic" not in _PEERS.value:
+        raise app.UsageError(f"{named} applies to peer mosaic only "
+                             f"(--peers={','.join(_PEERS.value)})")
+    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
+        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
+                             f"(--ops={','.join(_OPS.value)})")
+    if _MOSAIC_FORWARD.value != "fused_rs":
+        raise app.UsageError(f"{named} applies to --mosaic_forward=fused_rs only "
+                             f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+    if value and _MOSAIC_T0_PIECES.value is False:
+        raise app.UsageError(f"{named} runs fused_rs on sequence pieces, which "
+                             "--mosaic_t0_pieces=false turns off")
+    mosaic_vjp.RS_PIECES = bool(value)
+
+
 def _require_lightning_fused(named, passes=()):
     """Refuse the flag ``named`` (``app.UsageError``) unless peer mosaic, op lightning, each
     of ``passes`` and a forward that can resolve to fused (not ``--mosaic_forward=two_pass``)
@@ -1091,6 +1127,7 @@ def run_jax(records):
                                 rec["mosaic_forward_run"] = "fused_t0"  # no residuals (Sec. 56)
                             rec["mosaic_rs_stages"] = mosaic_vjp.RS_OPTIONS.get("stages")
                             rec["mosaic_rs_residuals"] = mosaic_vjp.RS_RESIDUALS  # Sec. 58
+                            rec["mosaic_rs_pieces"] = mosaic_vjp.RS_PIECES  # Sec. 60
                             rec["mosaic_rs_residual_from"] = mosaic_vjp.RS_OPTIONS.get(
                                 "residual_from")
                             rec["mosaic_pieces_run"] = mosaic_vjp.fused_t0_pieces(
@@ -1534,6 +1571,7 @@ def main(argv):
     _check_mosaic_gla_stages()
     _check_mosaic_rs_stages()
     _check_mosaic_rs_residuals()
+    _check_mosaic_rs_pieces()
     _check_mosaic_backward()
     _check_channelwise_state_pass()
     _check_channelwise_grad_pass()

@@ -102,7 +102,10 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 (``kernel_mosaic_gpu_rs``, the primal only; Sec. 56), ``gdn_fused_rs_res`` (its residual
 form in the training step, ``mosaic_vjp.RS_RESIDUALS`` on: ``store_h``, ``store_v_new``;
 Sec. 58; ``gdn_fused_rs_res_st`` with ``residual_from="state"``, Sec. 58.5, jax >= 0.11 only:
-``offline_ptxas_jax011.py``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
+``offline_ptxas_jax011.py``), ``gdn_fused_rs_pieces:infer`` / ``gdn_fused_rs_pieces_res``
+(``mosaic_vjp.RS_PIECES``: the same kernel as the sequence pieces' last launch, ``pieces=P``,
+rows with few CTAs only, e.g. ``--batch=1 --seq_len=32768``; ``_res`` with ``RS_RESIDUALS`` in
+the training step; Sec. 60), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
 (``chunk_delta_dh_mosaic``), ``gdn_bwd_dh_fold`` / ``gdn_bwd_dh_fold_pieces`` (the same with
 ``dv_local="fold"``, three warpgroups: MOSAIC_GPU.md Sec. 32; the pieces' launch only at rows
 with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_dh_fold_t0`` (the same with
@@ -590,6 +593,12 @@ OP_KERNELS = {
     "gdn_fused_rs_res": ("gdn", "fused_rs_res", ("gdn_chunk_delta_fused_rs_fwd*",)),
     # ... with residual_from="state" (Sec. 58.5: no staging tiles; lowers on jax >= 0.11 only)
     "gdn_fused_rs_res_st": ("gdn", "fused_rs_res_st", ("gdn_chunk_delta_fused_rs_fwd*",)),
+    # fused_rs as the sequence pieces' last launch (mosaic_vjp.RS_PIECES, MOSAIC_GPU.md
+    # Sec. 60; rows with few CTAs only, e.g. --batch=1 --seq_len=32768): the primal (":infer")
+    # and, with RS_RESIDUALS, the residual form in the training step
+    "gdn_fused_rs_pieces": ("gdn", "fused_rs_pieces", ("gdn_chunk_delta_fused_rs_fwd*",)),
+    "gdn_fused_rs_pieces_res": ("gdn", "fused_rs_pieces_res",
+                                ("gdn_chunk_delta_fused_rs_fwd*",)),
     # the fused T0 forward as sequence pieces (mosaic_vjp.FUSED_T0_PIECES, MOSAIC_GPU.md
     # Sec. 42): the summary pass and the pieces' stored pass; rows with few CTAs only (e.g.
     # --batch=1 --seq_len=32768), at S1 the plain kernel
@@ -786,6 +795,11 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     pieces = forward in ("fused_t0_pieces", "fused_t0_pieces_skip", "fused_t0_pieces_x",
                          "fused_t0_pieces_x_skip")
     forward = "fused_t0" if pieces else forward
+    # fused_rs on the sequence pieces (RS_PIECES, Sec. 60), "_res" with RS_RESIDUALS
+    rs_pieces = forward in ("fused_rs_pieces", "fused_rs_pieces_res")
+    pieces = pieces or rs_pieces
+    forward = {"fused_rs_pieces": "fused_rs",
+               "fused_rs_pieces_res": "fused_rs_res"}.get(forward, forward)
     rs_res = forward in ("fused_rs_res", "fused_rs_res_st")  # RS_RESIDUALS (Sec. 58)
     rs_from = {"residual_from": "state"} if forward == "fused_rs_res_st" else {}
     forward = "fused_rs" if rs_res else forward
@@ -822,6 +836,7 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     piece_skip, mosaic_vjp.PIECE_SKIP = mosaic_vjp.PIECE_SKIP, skip
     maps_x, mosaic_vjp.MAPS_CARRY_X = mosaic_vjp.MAPS_CARRY_X, carry_x
     rs_residuals, mosaic_vjp.RS_RESIDUALS = mosaic_vjp.RS_RESIDUALS, rs_res
+    rs_as_pieces, mosaic_vjp.RS_PIECES = mosaic_vjp.RS_PIECES, rs_pieces
     rs_options = dict(mosaic_vjp.RS_OPTIONS)
     mosaic_vjp.RS_OPTIONS.update(rs_from)
     try:
@@ -834,6 +849,7 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
         mosaic_vjp.PIECE_SKIP = piece_skip
         mosaic_vjp.MAPS_CARRY_X = maps_x
         mosaic_vjp.RS_RESIDUALS = rs_residuals
+        mosaic_vjp.RS_PIECES = rs_as_pieces
         mosaic_vjp.RS_OPTIONS.clear()
         mosaic_vjp.RS_OPTIONS.update(rs_options)
 

@@ -103,6 +103,10 @@
 #               beside; then its three gpu tests (by name; decision rule in Sec. 58.4)
 #   rs_res_st 300  Sec. 58.5: the residual form with residual_from="state" (three stages, no
 #               staging), S1 fwd+bwd as rs_res's first process, then its bit-equality gpu test
+#   rs_pieces 520  Sec. 60: fused_rs's kernel as the sequence pieces' last launch
+#               (--mosaic_rs_pieces) at S2 and P1, fwd and fwd+bwd (--mosaic_rs_residuals), jla
+#               beside; then the switch off (fused_t0's pieces); then its two gpu tests
+#               (decision rule in Sec. 60)
 #   dhw 330     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51)
@@ -120,7 +124,8 @@
 # jla's schedule: S1 fwd, the largest gap left), dhw (W from T0 in the reverse pass: the 12-07g
 # timing met Sec. 51's rule, its gate and gpu tests are what is left), rs_res (fused_rs's
 # residual form at S1 fwd+bwd, both backwards: worth a call only if rs's kernel is at or under
-# fused_t0's; else run the next item by name); then by name mapsx (Sec. 57, S2/P1), pskip
+# fused_t0's; else run the next item by name); then by name rs_pieces (Sec. 60: fused_rs on
+# S2/P1's pieces, worth a call once rs's kernel beats fused_t0's), mapsx (Sec. 57, S2/P1), pskip
 # (Sec. 52), tab_kda (Sec. 49.1's rule for prepare at P1), tab_dn (DeltaNet's table and its
 # auto decision), rs_prof (if rs is kept but not adopted), lgt_rh (Sec. 54), lgt_st (Sec. 55),
 # tab_lgt (Lightning with forward="auto", Sec. 50.1), tab_gdn2 (P1 never timed) and the fla
@@ -154,7 +159,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
   lgt_ftests) echo 200;; dhw) echo 330;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
   rs) echo 550;; rs_prof) echo 170;; rs_res) echo 550;; rs_res_st) echo 300;;
-  mapsx) echo 540;;
+  mapsx) echo 540;; rs_pieces) echo 520;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -791,6 +796,28 @@ run_rs_res_st() {  # Sec. 58.5: residual_from="state" at S1 fwd+bwd (both backwa
     -k "residuals_from_state" $T/kernel_mosaic_gdn_rs_test.py > $O/rs_res_st/tests.log 2>&1
   echo "gpu tests rc=$? t=$((SECONDS-s))s"
   grep -a -E 'passed|failed|FAILED|Error' $O/rs_res_st/tests.log | cut -c1-250 | tail -10
+}
+run_rs_pieces() {  # Sec. 60: fused_rs on S2/P1's sequence pieces, on (jla beside) and off
+  mkdir -p $O/rs_pieces; local s=$SECONDS
+  local args="--ops=gdn --mosaic_forward=fused_rs --mosaic_rs_residuals --passes=fwd,fwdbwd
+    --shapes=S2,P1 --breakdown_top=16 --iters=30 --warmup=5"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 190 python3 benchmarks/bench_kernels.py $args \
+    --peers=mosaic,jla --mosaic_rs_pieces --out=$O/rs_pieces/on > $O/rs_pieces/on.log 2>&1
+  echo "S2,P1 fused_rs pieces on rc=$? t=$((SECONDS-s))s"
+  timeout 150 python3 benchmarks/bench_kernels.py $args --peers=mosaic --nomosaic_rs_pieces \
+    --out=$O/rs_pieces/off > $O/rs_pieces/off.log 2>&1
+  echo "S2,P1 fused_rs pieces off (fused_t0's pieces) rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/rs_pieces/*.log | cut -c1-300
+  grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs_pieces/on.log \
+    | sort -u | head -4 | cut -c1-300
+  grep -a -h -o '"mosaic_forward_run": "[^"]*"\|"mosaic_pieces_run": [0-9]*' \
+    $O/rs_pieces/*.log | paste - - | sort | uniq -c
+  tab_show $O/rs_pieces/*.jsonl
+  gdn_show $O/rs_pieces/*.log
+  timeout $((510 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    $T/kernel_mosaic_gdn_rs_pieces_test.py > $O/rs_pieces/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -E 'fused_rs|passed|failed|FAILED|Error' $O/rs_pieces/tests.log | cut -c1-250 | tail -20
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

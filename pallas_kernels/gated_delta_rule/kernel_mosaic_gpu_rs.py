@@ -171,7 +171,7 @@ def _acc_plus(init, lhs, rhs, interpret: bool):
 def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref, *rest,
                num_chunks: int, group: int, scale: float, has_h0: bool, depth: int,
                interpret: bool, ablation: str = "full", store_h: bool = False,
-               store_v_new: bool = False, residual_from: str = "output"):
+               store_v_new: bool = False, residual_from: str = "output", pieces: int = 1):
     """Kernel body of :func:`chunk_delta_fused_rs_fwd_mosaic` (module docstring); refs are GMEM.
 
     ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch: the ring
@@ -187,7 +187,10 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     (the layouts of ``fused_t0``'s residuals). ``ablation``: :data:`RS_ABLATIONS`.
     ``residual_from="state"`` (with a store; :data:`RS_RESIDUAL_FROM`): ``sb_s`` and ``vn_s``
     hold ``S`` (``[2, K, 64]``) and ``v_new`` (``[2, 64, 64]``) untransposed, TMA-stored by the
-    state warpgroup; no ``hr_s`` / ``vr_s``.
+    state warpgroup; no ``hr_s`` / ``vr_s``. ``pieces = P > 1`` (MOSAIC_GPU.md Sec. 60): the
+    grid's rows are ``P`` sequence pieces of ``num_chunks`` chunks per batch row, each from its
+    own entry state (``h0_ref`` per piece); only ``h``'s indices change: batch row ``b // P``,
+    global chunk ``(b mod P) num_chunks + n`` (as ``kernel_mosaic_gpu_fused._fused_t0_kernel``).
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -223,6 +226,13 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    # h's row and chunk (pieces as rows, Sec. 60); one piece: the grid's row and n, as before
+    b_out = b if pieces == 1 else lax.div(b, pieces)
+
+    def h_at(n):
+        """``h_ref``'s tile of chunk ``n`` of this row (global chunk index with pieces)."""
+        chunk = n if pieces == 1 else lax.rem(b, pieces) * num_chunks + n
+        return h_ref.at[b_out, h, chunk, :, cols]
     wg = lax.axis_index("wg")
     dk = k_s.shape[-1]
     dtype = v_s.dtype
@@ -309,7 +319,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             if res_state:  # the residuals from the published tiles, one bulk group a chunk
                 rows = pl.ds(n * CHUNK, CHUNK)
                 if store_h:
-                    plgpu.copy_smem_to_gmem(sb_s.at[half], h_ref.at[b, h, n, :, cols],
+                    plgpu.copy_smem_to_gmem(sb_s.at[half], h_at(n),
                                             commit_group=not store_v_new)
                 if store_v_new:
                     plgpu.copy_smem_to_gmem(vn_s.at[half], vn_ref.at[b, rows, h, cols])
@@ -422,7 +432,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
                     untransposed(src_t.at[half], dst.at[half])
             plgpu.commit_smem()
             if store_h:
-                plgpu.copy_smem_to_gmem(hr_s.at[half], h_ref.at[b, h, n, :, cols],
+                plgpu.copy_smem_to_gmem(hr_s.at[half], h_at(n),
                                         commit_group=False)
             if store_v_new:
                 plgpu.copy_smem_to_gmem(vr_s.at[half], vn_ref.at[b, rows, h, cols],
@@ -485,7 +495,8 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages", "ablation",
-                                             "store_h", "store_v_new", "residual_from"))
+                                             "store_h", "store_v_new", "residual_from",
+                                             "pieces"))
 def chunk_delta_fused_rs_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -505,6 +516,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
     store_h: bool = False,
     store_v_new: bool = False,
     residual_from: str = "output",
+    pieces: int = 1,
 ) -> Tuple[jax.Array, ...]:
     """The forward of the gated delta rule from ``T0`` with ``S^T`` in registers (module
     docstring): ``o`` and the final state, and in the residual form (``store_h`` /
@@ -557,13 +569,25 @@ def chunk_delta_fused_rs_fwd_mosaic(
             (stores through a transposed SMEM view: jax >= 0.11 on the GPU) and TMA-stores
             the published tiles; no staging tiles, so three stages fit at ``K = 128``
             (kernel name suffix ``_st``; MOSAIC_GPU.md Sec. 58.5).
+        pieces: static; ``P > 1`` says the batch rows given are sequence pieces, ``P``
+            consecutive rows per batch row (``[B * P, T / P, ...]`` as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.split_rows` cuts them, each piece a
+            whole number of chunks, ``gate_cumsum`` and ``doc_vecs`` formed on whole rows and
+            split, so a piece's first chunk's ``conn`` gates its entry state), each run from
+            its own entry state (``initial_state`` ``[B * P, H, K, V]``), exactly as
+            ``chunk_delta_fused_t0_fwd_mosaic(pieces=P)``. Only ``h`` (``store_h``) changes:
+            ``[B, H, P N, K, V]`` at each piece's global chunk indices (``o``, ``v_new`` and
+            the final states stay per piece row). Used by
+            :func:`pallas_kernels.gated_delta_rule.mosaic_vjp.gated_delta_rule_mosaic` with
+            ``RS_PIECES`` on rows with few CTAs (MOSAIC_GPU.md Sec. 60).
 
     Returns:
         ``(o, final_state)`` without stores: ``o`` ``[B, T, H, V]`` in v's dtype,
         ``final_state`` ``[B, H, K, V]`` fp32. With ``store_h`` or ``store_v_new``:
         ``(o, final_state, v_new, h)`` as ``chunk_delta_fused_t0_fwd_mosaic`` returns them:
         ``v_new`` ``[B, T, H, V]`` in v's dtype (``None`` without ``store_v_new``), ``h``
-        ``[B, H, ceil(T / 64), K, V]`` in v's dtype (``None`` without ``store_h``), both
+        ``[B, H, ceil(T / 64), K, V]`` in v's dtype (``None`` without ``store_h``; with
+        ``pieces = P``, ``[B / P, H, P T / 64, K, V]``), both
         the 16-bit values the read-out's ``wgmma`` reads (the published tiles).
         The roundings of ``fused_t0_split``'s ``state_layout="vk"``:
         16-bit ``wgmma`` operands (``S``, ``X``, ``Ag_<``, ``P``, ``v_new``, the decayed
@@ -578,7 +602,8 @@ def chunk_delta_fused_rs_fwd_mosaic(
             :data:`RS_RESIDUAL_FROM`, or ``"state"`` on the GPU with jax < 0.11; a ``stages``
             whose SMEM
             (:func:`rs_smem_bytes`) is over 227 KB (not interpreting; ``stages=3`` with
-            ``store_h`` at ``K = 128``).
+            ``store_h`` at ``K = 128``); ``pieces`` not a positive divisor of the batch rows,
+            or ``pieces > 1`` with ``T`` not a multiple of 64 or an ``ablation``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -599,6 +624,15 @@ def chunk_delta_fused_rs_fwd_mosaic(
         raise ValueError("residual_from='state' stores through a transposed swizzled SMEM view, "
                          f"which jax {jax.__version__} cannot lower (needs >= 0.11; "
                          "MOSAIC_GPU.md Sec. 56.1)")
+    if not isinstance(pieces, int) or pieces < 1 or batch % pieces:
+        raise ValueError(f"pieces={pieces!r} must be a positive divisor of the batch rows "
+                         f"{batch} (the sequence pieces of each row, as rows)")
+    if pieces > 1 and seq_len % CHUNK:
+        raise ValueError(f"pieces={pieces}: each piece must be a whole number of chunks of "
+                         f"{CHUNK} tokens, got T = {seq_len} per piece")
+    if pieces > 1 and ablation != "full":
+        raise ValueError(f"pieces={pieces} with ablation={ablation!r}: the ablations time "
+                         "whole rows only")
     res = (store_h, store_v_new, residual_from)
     depth = rs_ring_depth(dk, v.dtype, *res) if stages is None else stages
     need = rs_smem_bytes(dk, v.dtype, depth, *res)
@@ -650,13 +684,15 @@ def chunk_delta_fused_rs_fwd_mosaic(
                                **({} if ablation == "full" else {"ablation": ablation}),
                                **({"store_h": True} if store_h else {}),
                                **({"store_v_new": True} if store_v_new else {}),
-                               **({"residual_from": "state"} if res_state else {}))
+                               **({"residual_from": "state"} if res_state else {}),
+                               **({"pieces": pieces} if pieces > 1 else {}))
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads, dv, dk), jnp.float32)]  # final S^T
     if store_v_new:
         out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
-    if store_h:
-        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
+    if store_h:  # pieces: [B, H, P N, K, V] at global chunk indices
+        out_type.append(jax.ShapeDtypeStruct(
+            (batch // pieces, heads, pieces * num_chunks, dk, dv), dtype))
     call = plgpu.kernel(
         kernel,
         out_type=tuple(out_type),

@@ -189,18 +189,31 @@ RS_OPTIONS: dict = {}
 # before. Rows with too few CTAs fall back either way (resolve_forward). Read at trace time
 # (bench_kernels.py --mosaic_rs_residuals sets it).
 RS_RESIDUALS = False
+# Whether forward="fused_rs" runs rows with too few CTAs (S2, P1) as sequence pieces with its own
+# kernel for the last launch (MOSAIC_GPU.md Sec. 60): the pieces' maps M_p and passes from zero
+# X_p and the entry states e_p as for "fused_t0" (_fused_t0_pieces; MAPS_CARRY_X and PIECE_SKIP
+# apply there unchanged), then kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic(pieces=P) on
+# the pieces as rows from e_p instead of the fused T0 kernel (with RS_RESIDUALS under
+# differentiation its residual form: h at global chunk indices, v_new). Off (the default until a
+# GPU timing at S2 and P1): such rows fall back to "fused_t0"'s pieces, as before. Read at trace
+# time (bench_kernels.py --mosaic_rs_pieces sets it).
+RS_PIECES = False
 
 
 def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int) -> str:
     """The forward that :func:`gated_delta_rule_mosaic` runs for ``forward`` at this shape:
     ``"three_pass"`` for a fused ``T0`` forward whose rows have too few CTAs (the three-pass
     state pass would run them as sequence pieces; :data:`FUSED_T0_FALLBACK`), else
-    ``forward``. ``"fused_rs"`` (whole rows only) resolves as ``"fused_t0"`` on such rows
-    (logged once, :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.rs_fallback`)."""
+    ``forward``. ``"fused_rs"`` resolves as ``"fused_t0"`` on such rows (logged once,
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.rs_fallback`), or stays
+    ``"fused_rs"`` with :data:`RS_PIECES` and :data:`FUSED_T0_PIECES` (its kernel on the
+    sequence pieces, MOSAIC_GPU.md Sec. 60)."""
     if (not FUSED_T0_FALLBACK or forward not in ("fused_t0", "fused_t0_split", "fused_rs")
             or mgl.row_pieces(batch, heads, dv, seq_len) == 1):
         return forward
-    if forward == "fused_rs":  # whole rows only: "fused_t0" runs them as sequence pieces
+    if forward == "fused_rs" and RS_PIECES and FUSED_T0_PIECES:  # Sec. 60
+        return forward
+    if forward == "fused_rs":  # without RS_PIECES: "fused_t0" runs them as sequence pieces
         forward = kgd.rs_fallback("rows with too few CTAs: sequence pieces")
     return forward if forward == "fused_t0" and FUSED_T0_PIECES else "three_pass"
 
@@ -210,8 +223,10 @@ def fused_t0_pieces(forward: str, batch: int, heads: int, dv: int, seq_len: int)
     :func:`resolve_forward` runs: ``P > 1`` for ``"fused_t0"`` on rows with few CTAs while
     :data:`FUSED_T0_FALLBACK` and :data:`FUSED_T0_PIECES` are on (the choice of
     :func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces`, as the three-pass state pass
-    makes it), else 1 (whole rows)."""
-    if forward != "fused_t0" or not (FUSED_T0_FALLBACK and FUSED_T0_PIECES):
+    makes it), and for ``"fused_rs"`` with :data:`RS_PIECES` as well (MOSAIC_GPU.md Sec. 60),
+    else 1 (whole rows)."""
+    rs = ("fused_rs",) if RS_PIECES else ()
+    if forward not in ("fused_t0",) + rs or not (FUSED_T0_FALLBACK and FUSED_T0_PIECES):
         return 1
     return mgl.row_pieces(batch, heads, dv, seq_len)
 
@@ -299,7 +314,9 @@ def gated_delta_rule_mosaic(
             :data:`RS_RESIDUALS` on (off by default, MOSAIC_GPU.md Sec. 58) it runs its
             kernel's residual form there instead (``store_h``, ``store_v_new``; ``T0`` kept,
             ``W`` from the ``T0`` kernel or, with ``dh_w="t0"``, from ``T0``); rows with too
-            few CTAs still fall back.
+            few CTAs still fall back, unless :data:`RS_PIECES` is on (off by default,
+            MOSAIC_GPU.md Sec. 60): then they run ``"fused_t0"``'s sequence pieces with this
+            kernel as the last launch (``pieces=P``, from the entry states ``e_p``).
         interpret: Mosaic GPU interpret mode (CPU, tests).
         return_residual: also return the per-token residuals
             ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)`` (the forward's ``v_new``; static).
@@ -417,7 +434,9 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
                                   else "return_residual=True")
     store_v_new = residuals or want_v_new
     batch, seq_len, heads, dv = v.shape
-    if forward == "fused_rs" and store_v_new:  # RS_RESIDUALS: the residual form (Sec. 58)
+    pieces = fused_t0_pieces(forward, batch, heads, dv, seq_len)  # "fused_rs": RS_PIECES
+    # RS_RESIDUALS: the residual form (Sec. 58) on whole rows
+    if forward == "fused_rs" and store_v_new and pieces == 1:
         form_w = residuals and want_w
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
                                           return_w=form_w, g=g, gate_cumsum=gc, doc_vecs=docs,
@@ -428,7 +447,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
             segment_ids=segment_ids, interpret=interpret, gate_cumsum=gc, doc_vecs=docs,
             store_h=residuals, store_v_new=True, **RS_OPTIONS)
         return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
-    if forward == "fused_rs":  # the primal alone (MOSAIC_GPU.md Sec. 56)
+    if forward == "fused_rs" and pieces == 1:  # the primal alone (MOSAIC_GPU.md Sec. 56)
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
                                           g=g, gate_cumsum=gc, doc_vecs=docs, **kgd.T0_OPTIONS)
         out = krs.chunk_delta_fused_rs_fwd_mosaic(
@@ -436,8 +455,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
             segment_ids=segment_ids, interpret=interpret, gate_cumsum=gc, doc_vecs=docs,
             **RS_OPTIONS)
         return out, (None, None, None, None, None)
-    pieces = fused_t0_pieces(forward, batch, heads, dv, seq_len)
-    if pieces > 1:  # rows with few CTAs as sequence pieces (MOSAIC_GPU.md Sec. 42)
+    if pieces > 1:  # rows with few CTAs as sequence pieces (MOSAIC_GPU.md Sec. 42, 60)
         if docs is None:
             gc, docs = _shared(g, v, segment_ids)
         t0, w = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids,
@@ -446,7 +464,8 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         o, final_state, v_new, h, maps = _fused_t0_pieces(
             q, k, v, t0, w, g, beta, initial_state, gc, docs, pieces=pieces, scale=scale,
             store_v_new=store_v_new, store_h=residuals, interpret=interpret,
-            piece_skip=PIECE_SKIP and segment_ids is not None, carry_x=MAPS_CARRY_X)
+            piece_skip=PIECE_SKIP and segment_ids is not None, carry_x=MAPS_CARRY_X,
+            **({"rs": True} if forward == "fused_rs" else {}))
         return (o, final_state), ((w, h, v_new, maps, t0) if residuals
                                   else (None, None, v_new, None, None))
     if forward in ("fused_t0", "fused_t0_split"):
@@ -484,7 +503,8 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
 
 
 def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces, scale,
-                     store_v_new, store_h, interpret, piece_skip=False, carry_x=False):
+                     store_v_new, store_h, interpret, piece_skip=False, carry_x=False,
+                     rs=False):
     """``forward="fused_t0"`` on rows cut into ``pieces`` sequence pieces (MOSAIC_GPU.md
     Sec. 42): ``(o, final_state, v_new, h, maps)``.
 
@@ -505,7 +525,12 @@ def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces
     (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_maps_x.chunk_delta_piece_maps_x_mosaic`),
     no summary launch; ``M_p`` bit-equal, ``X_p`` within the 16-bit operand rounding (its
     ``v_new`` is ``Ag V - W X`` instead of ``Ag (V - diag(conn e^G) K X)``), with or without
-    ``piece_skip``."""
+    ``piece_skip``. ``rs`` (``forward="fused_rs"`` with :data:`RS_PIECES`, MOSAIC_GPU.md
+    Sec. 60): the last launch is
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic`
+    on the pieces as rows from ``e_p`` (:data:`RS_OPTIONS`; its residual form for ``store_h`` /
+    ``store_v_new``, ``h`` at global chunk indices) instead of the fused ``T0`` kernel; the
+    maps, the passes from zero and the entry states are the same."""
     batch, seq_len, heads, dv = v.shape
     dk = k.shape[-1]
     num_chunks = -(-seq_len // mgl.CHUNK)
@@ -532,8 +557,17 @@ def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces
         _, x_local, _, _ = run(summary=True, **({} if cuts is None else {"piece_cuts": cuts}))
     entries = mgl.scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv),
                                   initial_state, reverse=False)
-    o, finals, v_new, h = run(initial_state=entries.reshape(batch * pieces, heads, dk, dv),
-                              store_v_new=store_v_new, store_h=store_h)
+    entries = entries.reshape(batch * pieces, heads, dk, dv)
+    if rs:  # the register-resident kernel on the pieces (MOSAIC_GPU.md Sec. 60)
+        out = krs.chunk_delta_fused_rs_fwd_mosaic(
+            qp, kp, vp, t0p, gp, betap, scale=scale, initial_state=entries,
+            interpret=interpret, gate_cumsum=gcp, doc_vecs=tuple(split(x) for x in docs),
+            pieces=pieces, **({"store_h": True} if store_h else {}),
+            **({"store_v_new": True} if store_v_new else {}), **RS_OPTIONS)
+        o, finals, v_new, h = out if len(out) == 4 else out + (None, None)
+    else:
+        o, finals, v_new, h = run(initial_state=entries, store_v_new=store_v_new,
+                                  store_h=store_h)
     o = o.reshape(batch, num_chunks * mgl.CHUNK, heads, dv)[:, :seq_len]
     if v_new is not None:
         v_new = v_new.reshape(batch, num_chunks * mgl.CHUNK, heads, dv)[:, :seq_len]

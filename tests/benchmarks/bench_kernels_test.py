@@ -528,6 +528,36 @@ class MarkdownTest(absltest.TestCase):
             mosaic_vjp.RS_RESIDUALS = False
             mosaic_vjp.RS_OPTIONS.clear()
 
+    def test_mosaic_rs_pieces_refused_where_it_would_not_apply_and_sets_the_switch(self):
+        # MOSAIC_GPU.md Sec. 60: --mosaic_rs_pieces only with --mosaic_forward=fused_rs and
+        # sequence pieces on; the value lands in mosaic_vjp.RS_PIECES.
+        from absl import app, flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        base = dict(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_rs",
+                    mosaic_rs_pieces=True)
+        refused = (
+            (dict(peers=["ours", "jla"]), "applies to peer mosaic only"),
+            (dict(ops=["lightning"]), "applies to ops gdn, deltanet only"),
+            (dict(mosaic_forward="fused_t0"), "applies to --mosaic_forward=fused_rs only"),
+            (dict(mosaic_t0_pieces=False), "--mosaic_t0_pieces=false"),
+        )
+        for extra, message in refused:
+            with flagsaver.flagsaver(**{**base, **extra}):
+                with self.assertRaisesRegex(app.UsageError, message):
+                    bench_kernels._check_mosaic_rs_pieces()
+        try:
+            with flagsaver.flagsaver(**base):
+                bench_kernels._check_mosaic_rs_pieces()
+                self.assertTrue(mosaic_vjp.RS_PIECES)
+            with flagsaver.flagsaver(mosaic_rs_pieces=None):
+                bench_kernels._check_mosaic_rs_pieces()
+                self.assertFalse(mosaic_vjp.RS_PIECES)
+        finally:
+            mosaic_vjp.RS_PIECES = False
+
     def test_mosaic_forward_reaches_the_xla_wy_path(self):
         # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.
         from absl import flags
