@@ -656,6 +656,21 @@ def _check_mosaic_gla_stages():
     kmg.FUSED_OPTIONS["stages"] = value
 
 
+def _require_gdn_fused_rs(named):
+    """Refuse the flag ``named`` (``app.UsageError``) unless peer mosaic, op gdn or deltanet
+    and ``--mosaic_forward=fused_rs`` are chosen: the flags of GDN's ``fused_rs`` forward
+    (``--mosaic_rs_*``, MOSAIC_GPU.md Sec. 56-60)."""
+    if "mosaic" not in _PEERS.value:
+        raise app.UsageError(f"{named} applies to peer mosaic only "
+                             f"(--peers={','.join(_PEERS.value)})")
+    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
+        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
+                             f"(--ops={','.join(_OPS.value)})")
+    if _MOSAIC_FORWARD.value != "fused_rs":
+        raise app.UsageError(f"{named} applies to --mosaic_forward=fused_rs only "
+                             f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+
+
 def _check_mosaic_rs_stages():
     """``--mosaic_rs_stages`` where it would apply, before anything runs (peer mosaic, op gdn
     or deltanet, ``--mosaic_forward=fused_rs``, a depth of ``kernel_mosaic_gpu_rs.RS_STAGES``),
@@ -669,15 +684,7 @@ def _check_mosaic_rs_stages():
     named = f"--mosaic_rs_stages={value}"
     if value not in krs.RS_STAGES:
         raise app.UsageError(f"{named}: takes one of {', '.join(map(str, krs.RS_STAGES))}")
-    if "mosaic" not in _PEERS.value:
-        raise app.UsageError(f"{named} applies to peer mosaic only "
-                             f"(--peers={','.join(_PEERS.value)})")
-    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
-        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
-                             f"(--ops={','.join(_OPS.value)})")
-    if _MOSAIC_FORWARD.value != "fused_rs":
-        raise app.UsageError(f"{named} applies to --mosaic_forward=fused_rs only "
-                             f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+    _require_gdn_fused_rs(named)
     mosaic_vjp.RS_OPTIONS["stages"] = value
 
 
@@ -696,15 +703,7 @@ def _check_mosaic_rs_residuals():
     if value is None:
         return
     named = f"--mosaic_rs_residuals={value}"
-    if "mosaic" not in _PEERS.value:
-        raise app.UsageError(f"{named} applies to peer mosaic only "
-                             f"(--peers={','.join(_PEERS.value)})")
-    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
-        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
-                             f"(--ops={','.join(_OPS.value)})")
-    if _MOSAIC_FORWARD.value != "fused_rs":
-        raise app.UsageError(f"{named} applies to --mosaic_forward=fused_rs only "
-                             f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+    _require_gdn_fused_rs(named)
     mosaic_vjp.RS_RESIDUALS = bool(value)
     if where is not None:
         mosaic_vjp.RS_OPTIONS["residual_from"] = where
@@ -721,15 +720,7 @@ def _check_mosaic_rs_pieces():
     if value is None:
         return
     named = f"--mosaic_rs_pieces={value}"
-    if "mosaic" not in _PEERS.value:
-        raise app.UsageError(f"{named} applies to peer mosaic only "
-                             f"(--peers={','.join(_PEERS.value)})")
-    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
-        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
-                             f"(--ops={','.join(_OPS.value)})")
-    if _MOSAIC_FORWARD.value != "fused_rs":
-        raise app.UsageError(f"{named} applies to --mosaic_forward=fused_rs only "
-                             f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+    _require_gdn_fused_rs(named)
     if value and _MOSAIC_T0_PIECES.value is False:
         raise app.UsageError(f"{named} runs fused_rs on sequence pieces, which "
                              "--mosaic_t0_pieces=false turns off")
