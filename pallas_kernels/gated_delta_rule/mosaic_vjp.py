@@ -435,26 +435,6 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     store_v_new = residuals or want_v_new
     batch, seq_len, heads, dv = v.shape
     pieces = fused_t0_pieces(forward, batch, heads, dv, seq_len)  # "fused_rs": RS_PIECES
-    # RS_RESIDUALS: the residual form (Sec. 58) on whole rows
-    if forward == "fused_rs" and store_v_new and pieces == 1:
-        form_w = residuals and want_w
-        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
-                                          return_w=form_w, g=g, gate_cumsum=gc, doc_vecs=docs,
-                                          **kgd.T0_OPTIONS)
-        t0, w = t0 if form_w else (t0, None)
-        o, final_state, v_new, h = krs.chunk_delta_fused_rs_fwd_mosaic(
-            q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
-            segment_ids=segment_ids, interpret=interpret, gate_cumsum=gc, doc_vecs=docs,
-            store_h=residuals, store_v_new=True, **RS_OPTIONS)
-        return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
-    if forward == "fused_rs" and pieces == 1:  # the primal alone (MOSAIC_GPU.md Sec. 56)
-        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
-                                          g=g, gate_cumsum=gc, doc_vecs=docs, **kgd.T0_OPTIONS)
-        out = krs.chunk_delta_fused_rs_fwd_mosaic(
-            q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
-            segment_ids=segment_ids, interpret=interpret, gate_cumsum=gc, doc_vecs=docs,
-            **RS_OPTIONS)
-        return out, (None, None, None, None, None)
     if pieces > 1:  # rows with few CTAs as sequence pieces (MOSAIC_GPU.md Sec. 42, 60)
         if docs is None:
             gc, docs = _shared(g, v, segment_ids)
@@ -468,7 +448,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
             **({"rs": True} if forward == "fused_rs" else {}))
         return (o, final_state), ((w, h, v_new, maps, t0) if residuals
                                   else (None, None, v_new, None, None))
-    if forward in ("fused_t0", "fused_t0_split"):
+    if forward in ("fused_t0", "fused_t0_split", "fused_rs"):
         # Under differentiation the T0 kernel also forms the backward's W (from its fp32 T0,
         # MOSAIC_GPU.md Sec. 36; it was an fp32 XLA product, ~0.65 ms of glue at S1 on an H100).
         # With want_w=False (dh_w="t0", MOSAIC_GPU.md Sec. 51) the reverse pass forms W itself.
@@ -477,12 +457,19 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
                                           return_w=form_w, g=g, gate_cumsum=gc, doc_vecs=docs,
                                           **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
         t0, w = t0 if form_w else (t0, None)
-        o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
-            q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
-            segment_ids=segment_ids, store_v_new=store_v_new, store_h=residuals,
-            split_output=forward == "fused_t0_split", interpret=interpret, gate_cumsum=gc,
-            doc_vecs=docs,
-            **(kgd.SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))  # as T0_OPTIONS
+        if forward == "fused_rs":  # the primal (Sec. 56) or, with RS_RESIDUALS, Sec. 58's form
+            out = krs.chunk_delta_fused_rs_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
+                segment_ids=segment_ids, interpret=interpret, gate_cumsum=gc, doc_vecs=docs,
+                store_h=residuals, store_v_new=store_v_new, **RS_OPTIONS)
+            o, final_state, v_new, h = out if len(out) == 4 else out + (None, None)
+        else:
+            o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
+                segment_ids=segment_ids, store_v_new=store_v_new, store_h=residuals,
+                split_output=forward == "fused_t0_split", interpret=interpret, gate_cumsum=gc,
+                doc_vecs=docs,
+                **(kgd.SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))  # as T0_OPTIONS
         return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
                                doc_vecs=docs, interpret=interpret)
