@@ -325,6 +325,37 @@ def num_pieces(pieces: Optional[int], ctas: int, num_chunks: int) -> int:
     return best
 
 
+def given_pieces(pieces, num_chunks: int) -> int:
+    """``pieces`` as a caller of a pieces kernel gives it (a static ``int``), checked:
+    :func:`num_pieces` of it.
+
+    Raises:
+        ValueError: naming ``pieces`` when it is not an ``int`` (a ``bool`` is refused) or not a
+            positive divisor of the chunk count.
+    """
+    if not isinstance(pieces, int) or isinstance(pieces, bool):
+        raise ValueError(f"pieces must be a positive divisor of the chunk count {num_chunks}, "
+                         f"got {pieces!r}")
+    return num_pieces(pieces, 1, num_chunks)
+
+
+def checked_piece_cuts(conn: jax.Array, pieces: int,
+                       cuts: Optional[jax.Array]) -> jax.Array:
+    """The per-piece chunk of the last document start, int32 ``[B * P]``: ``cuts`` as a caller
+    formed it (checked), else :func:`piece_cuts` of the documents' ``conn`` ``[B, Tp]``.
+
+    Raises:
+        ValueError: naming ``piece_cuts`` when ``cuts`` is not int32 ``[B * P]``.
+    """
+    rows = conn.shape[0] * pieces
+    if cuts is None:
+        return piece_cuts(conn, pieces)
+    if cuts.shape != (rows,) or cuts.dtype != jnp.int32:
+        raise ValueError(f"piece_cuts must be int32 [B * P] = {(rows,)}, got "
+                         f"{cuts.shape} {cuts.dtype}")
+    return cuts
+
+
 def row_pieces(batch: int, heads: int, dv: int, seq_len: int) -> int:
     """The sequence pieces per row that the state passes choose for rows of ``seq_len``
     tokens with ``batch * heads * dv / BLOCK_V`` CTAs (:func:`num_pieces`; 1: enough CTAs)."""

@@ -505,10 +505,7 @@ def chunk_delta_piece_maps_mosaic(
     heads = w.shape[2]
     _check_delta_inputs(k, w, w, g, segment_ids)
     num_chunks = -(-seq_len // CHUNK)
-    if not isinstance(pieces, int) or isinstance(pieces, bool):
-        raise ValueError(f"pieces must be a positive divisor of the chunk count {num_chunks}, "
-                         f"got {pieces!r}")
-    pieces = mgl.num_pieces(pieces, 1, num_chunks)
+    pieces = mgl.given_pieces(pieces, num_chunks)
     k, w = (mgl.pad_time(x, num_chunks) for x in (k, w))
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
@@ -517,10 +514,7 @@ def chunk_delta_piece_maps_mosaic(
                             states_dtype=k.dtype, interpret=interpret)
     cut = None
     if piece_skip and (segment_ids is not None or doc_vecs is not None):
-        cut = mgl.piece_cuts(conn, pieces) if piece_cuts is None else piece_cuts
-        if cut.shape != (batch * pieces,) or cut.dtype != jnp.int32:
-            raise ValueError(f"piece_cuts must be int32 [B * P] = {(batch * pieces,)}, got "
-                             f"{cut.shape} {cut.dtype}")
+        cut = mgl.checked_piece_cuts(conn, pieces, piece_cuts)
     with jax.named_scope("gdn_chunk_delta_piece_maps_mosaic"):
         return _piece_maps(kp, wp, mgl.split_head_major(gc, pieces), lastp, connp, run, pieces,
                            cut)

@@ -317,10 +317,7 @@ def chunk_delta_piece_maps_x_mosaic(
     if beta.shape != (batch, seq_len, heads):
         raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
     num_chunks = -(-seq_len // CHUNK)
-    if not isinstance(pieces, int) or isinstance(pieces, bool):
-        raise ValueError(f"pieces must be a positive divisor of the chunk count {num_chunks}, "
-                         f"got {pieces!r}")
-    pieces = mgl.num_pieces(pieces, 1, num_chunks)
+    pieces = mgl.given_pieces(pieces, num_chunks)
     rows = batch * pieces
     # Padding tokens have k = w = v = 0, T0 rows = 0, beta = 0 and g = 0: v_new = 0 there and
     # the states are unchanged (keep e^{G_L} = 1 unless a document starts).
@@ -330,10 +327,7 @@ def chunk_delta_piece_maps_x_mosaic(
     doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
     cut = None
     if piece_skip and (segment_ids is not None or doc_vecs is not None):
-        cut = mgl.piece_cuts(conn, pieces) if piece_cuts is None else piece_cuts
-        if cut.shape != (rows,) or cut.dtype != jnp.int32:
-            raise ValueError(f"piece_cuts must be int32 [B * P] = {(rows,)}, got "
-                             f"{cut.shape} {cut.dtype}")
+        cut = mgl.checked_piece_cuts(conn, pieces, piece_cuts)
     split = functools.partial(mgl.split_rows, pieces=pieces)
     kp, vp, t0p, wp, docp, connp, lastp = (split(x) for x in (k, v, t0, w, doc, conn, last))
     gp, betap = (mgl.split_head_major(x, pieces) for x in (gc, beta_hm))
