@@ -566,19 +566,27 @@ def correctness_gate(op, peer, fwd_only=False):
     ref_passes = _jax_passes(_jax_reference(op, seg), names)
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
     want_o = ref_passes["fwd"](*f32, do, **gates)
-    want_g = ref_passes["fwdbwd"](*f32, do.astype(jnp.float32), **gates)
+    # The token-serial reference's backward keeps every token's [K, V] state: at --gate_shape
+    # 8x1024x16 it asked for 34 GiB and ran out of memory on an 80 GB H100 (2026-12-07i), so
+    # a forward-only gate does not run it.
+    want_g = () if fwd_only else ref_passes["fwdbwd"](*f32, do.astype(jnp.float32), **gates)
     passes = _jax_passes(_jax_fn(op, peer, seg), names)
     # The gate shape's rows have few CTAs, where gated_delta_rule_mosaic would run a fused T0
     # forward as three_pass, or "fused_t0" as sequence pieces (mosaic_vjp.resolve_forward,
     # FUSED_T0_PIECES): the gate checks the forward named, "fused_t0" as the pieces it runs
     # on such rows when FUSED_T0_PIECES is on (the default; --nomosaic_t0_pieces turns it off).
     # A "+t0w" value (dh_w="t0", MOSAIC_GPU.md Sec. 51) runs whole rows, where dh_w="t0" applies.
+    # The default forward, "fused_rs" since 2026-12-08 (Sec. 63), runs "fused_t0"'s pieces on
+    # such rows: unnamed, the gate checks those pieces as before; named (--mosaic_forward=
+    # fused_rs), its own kernel on whole rows, or on the pieces with --mosaic_rs_pieces.
     from pallas_kernels.gated_delta_rule import mosaic_vjp
     fallback = mosaic_vjp.FUSED_T0_FALLBACK
     named = _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD
+    pieces = named == "fused_t0" or (named == "fused_rs" and (
+        not _MOSAIC_FORWARD.value or mosaic_vjp.RS_PIECES))
     t0w = (_MOSAIC_BACKWARD_NOW[0] or "").endswith(T0W_SUFFIX)
-    mosaic_vjp.FUSED_T0_FALLBACK = (fallback and mosaic_vjp.FUSED_T0_PIECES
-                                    and named == "fused_t0" and not t0w)
+    mosaic_vjp.FUSED_T0_FALLBACK = (fallback and mosaic_vjp.FUSED_T0_PIECES and pieces
+                                    and not t0w)
     try:
         got_o = passes["fwd"](q, k, v, do, **gates)
         got_g = () if fwd_only else passes["fwdbwd"](q, k, v, do, **gates)

@@ -532,9 +532,10 @@ WY_IMPLEMENTATIONS = ("mosaic", "xla")
 # (chunk_kkt_inverse_mosaic) and forms v_new from v and T0 inside the fused kernel
 # (kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic); "fused_t0_split" is the same with
 # three warpgroups (split_output=True: jla's layout, Ag = T0 * D * beta formed off the chain).
-# "fused_rs" (off by default; MOSAIC_GPU.md Sec. 56) is the primal-only forward from T0 with
-# the transposed state in registers (kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic: jla's
-# schedule); where a residual is asked for it runs "fused_t0" instead (RS_FALLBACK_REASON).
+# "fused_rs" (mosaic_vjp.DEFAULT_FORWARD since 2026-12-08; MOSAIC_GPU.md Sec. 56, 63) is the
+# primal-only forward from T0 with the transposed state in registers
+# (kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic: jla's schedule); where a residual is asked
+# for it runs "fused_t0" instead (RS_FALLBACK_REASON).
 FORWARDS = ("three_pass", "fused", "fused_split", "fused_t0", "fused_t0_split", "fused_rs")
 # Why forward="fused_rs" runs "fused_t0" (logged once per reason, pallas_kernels.common.
 # validation.log_once): its kernel stores neither v_new nor h.

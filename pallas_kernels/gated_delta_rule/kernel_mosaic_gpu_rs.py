@@ -86,6 +86,11 @@ from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 CHUNK = mgl.CHUNK
 BLOCK_V = mgl.BLOCK_V
 RS_STAGES = (2, 3)  # ring depths the kernel takes
+# The primal's ring depth by K when no stages are named (MOSAIC_GPU.md Sec. 63, Sec. 56.4's
+# rule): at K = 128 two stages, 0.2546 ms against three's 0.2636 on an H100 at S1 (bit-equal
+# results, the `gpu` test test_fused_rs_two_stages_and_fused_t0_agree); K = 64 is untimed and
+# keeps the deepest ring that fits (rs_ring_depth). The residual forms always take the deepest.
+PRIMAL_STAGES = {128: 2}
 # Timing ablations (benchmarks/profile_fwd.py --rs_stages; MOSAIC_GPU.md Sec. 56): "full" is the
 # kernel; "state" keeps the state warpgroup's chain and the output warpgroup's Ag (the chain
 # needs it) but no read-out (o is not written); "readout" keeps the output warpgroup whole on a
@@ -546,8 +551,10 @@ def chunk_delta_fused_rs_fwd_mosaic(
         segment_ids: optional int ``[B, T]``; documents may start anywhere, also inside a
             chunk (exact: the masks and the document vectors).
         interpret: Mosaic GPU interpret mode (CPU; slow, for tests).
-        stages: the TMA ring's depth (static, one of :data:`RS_STAGES`), or ``None`` for
-            :func:`rs_ring_depth` (3 at every supported shape).
+        stages: the TMA ring's depth (static, one of :data:`RS_STAGES`), or ``None``: for
+            the primal (no stores, any ablation) :data:`PRIMAL_STAGES` where it names ``K``
+            (2 at ``K = 128``), else :func:`rs_ring_depth` (3 at every supported shape
+            without stores).
         ablation: a timing ablation (static, one of :data:`RS_ABLATIONS`; benchmarks only):
             ``"full"`` (default) is the kernel; ``"state"`` returns an unwritten (arbitrary)
             ``o`` and the final state; ``"readout"`` returns
@@ -634,6 +641,8 @@ def chunk_delta_fused_rs_fwd_mosaic(
         raise ValueError(f"pieces={pieces} with ablation={ablation!r}: the ablations time "
                          "whole rows only")
     res = (store_h, store_v_new, residual_from)
+    if stages is None and not stores and dk in PRIMAL_STAGES:
+        stages = PRIMAL_STAGES[dk]
     depth = rs_ring_depth(dk, v.dtype, *res) if stages is None else stages
     need = rs_smem_bytes(dk, v.dtype, depth, *res)
     if not interpret and need > _SMEM_LIMIT:  # e.g. stages=3 with store_h at K = 128

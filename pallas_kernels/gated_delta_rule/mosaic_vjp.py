@@ -175,7 +175,12 @@ MAPS_CARRY_X = False
 # (12-06e) against "three_pass"'s 2.044 (12-06, Sec. 32.2), the gates green, and the seven
 # `gpu` tests of Sec. 38 passed on that card (12-06e). Rows with too few CTAs run it as
 # sequence pieces (FUSED_T0_PIECES, since 2026-12-06g; "three_pass" before).
-DEFAULT_FORWARD = "fused_t0"
+# "fused_rs" since 2026-12-08 (MOSAIC_GPU.md Sec. 63, Sec. 56.4's rule): on an H100 at S1 fwd its
+# kernel took 0.264 ms against fused_t0's 0.409 (0.65x), the op's forward 0.371 against 0.513,
+# and its eleven `gpu` tests passed. It runs the primal only: under differentiation, with
+# return_residual and on rows with too few CTAs it falls back to "fused_t0" (logged once; unless
+# RS_RESIDUALS / RS_PIECES), so the training step runs what it ran before.
+DEFAULT_FORWARD = "fused_rs"
 # Keyword arguments of kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic at the op's call
 # (forward="fused_rs"): empty, the defaults. For timing variants only (bench_kernels.py
 # --mosaic_rs_stages sets stages, --mosaic_rs_residual_from residual_from, which only the
@@ -293,7 +298,7 @@ def gated_delta_rule_mosaic(
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.gated_delta_rule_fwd_mosaic`'s
             ``forward``: ``"three_pass"``, ``"fused"`` or ``"fused_split"``
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`)
-            or ``"fused_t0"`` (default, :data:`DEFAULT_FORWARD`) / ``"fused_t0_split"``
+            or ``"fused_t0"`` / ``"fused_t0_split"``
             (``chunk_kkt_inverse_mosaic`` and
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`,
             two or three warpgroups; rows with too few CTAs for them run ``"three_pass"``
@@ -304,7 +309,8 @@ def gated_delta_rule_mosaic(
             ``"fused_t0_split"`` have no ``W``: under differentiation the ``T0`` kernel forms
             it from its fp32 ``T0`` (``chunk_kkt_inverse_mosaic(return_w=True)``, rounded once;
             MOSAIC_GPU.md Sec. 36; it was an XLA product before). The backward is the same
-            for every forward. ``"fused_rs"`` (off by default, MOSAIC_GPU.md Sec. 56): the
+            for every forward. ``"fused_rs"`` (the default, :data:`DEFAULT_FORWARD`;
+            MOSAIC_GPU.md Sec. 56 and 63): the
             primal alone from ``T0`` with the state carried transposed in registers
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic`,
             jla's schedule, :data:`RS_OPTIONS`); it stores no residuals, so under
@@ -396,8 +402,10 @@ def resolve_dh_w(dh_w: str, forward: str, dv_local: str, batch: int, heads: int,
     :func:`resolve_forward`): ``"t0"`` only with ``dv_local="fold"`` and a fused ``T0`` forward
     on whole rows (:func:`fused_t0_pieces` is 1), where it saves the ``T0`` kernel's ``W``
     write; else ``"stored"`` (:data:`DH_WS`)."""
-    rs = ("fused_rs",) if RS_RESIDUALS else ()  # its residual form keeps T0 (Sec. 58)
-    if (dh_w == "t0" and dv_local == "fold" and forward in ("fused_t0", "fused_t0_split") + rs
+    # "fused_rs" keeps T0 under differentiation either way: its residual form (RS_RESIDUALS,
+    # Sec. 58) or its fallback there, "fused_t0" (which resolve_forward has not applied yet).
+    if (dh_w == "t0" and dv_local == "fold"
+            and forward in ("fused_t0", "fused_t0_split", "fused_rs")
             and fused_t0_pieces(forward, batch, heads, dv, seq_len) == 1):
         return "t0"
     return "stored"

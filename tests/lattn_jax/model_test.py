@@ -238,9 +238,10 @@ class ModelTest(parameterized.TestCase):
                 text = jax.jit(jax.value_and_grad(loss)).trace(params).lower(
                     lowering_platforms=("cuda",)).as_text()
             # mosaic_vjp's defaults at T 128 (one piece, no three-pass fallback): forward
-            # "fused_t0", the T0 kernel (also forming the backward's W) and the fused state and
-            # output kernel; backward, the reverse pass forming dv_local ("fold") and the fused
-            # chunk-local kernel ("fused_ws") with the forward's T0
+            # "fused_rs", which under differentiation runs "fused_t0": the T0 kernel (also forming
+            # the backward's W) and the fused state and output kernel; backward, the reverse pass
+            # forming dv_local ("fold") and the fused chunk-local kernel ("fused_ws") with the
+            # forward's T0
             self.assertEqual(text.count("custom_call @mosaic_gpu"), 4, msg=section)
             for name in ("gdn_chunk_kkt_inverse_subst_split_w", "gdn_chunk_delta_fused_t0_fwd",
                          "gdn_chunk_delta_dh_fold", "gdn_chunk_bwd_fused_ws"):

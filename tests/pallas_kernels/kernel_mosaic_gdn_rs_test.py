@@ -117,7 +117,9 @@ class RsTest(parameterized.TestCase):
                     *a[:6], scale=0.1, initial_state=a[6], segment_ids=a[7],
                     stages=stages), q, k, v, t0, g, beta, state, seg)
             self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-            self.assertIn(krs.rs_kernel_name(stages or 3), text)
+            # stages=None at K = 128: PRIMAL_STAGES's two (MOSAIC_GPU.md Sec. 63)
+            self.assertIn(krs.rs_kernel_name(stages or krs.PRIMAL_STAGES[dk]), text)
+        self.assertEqual(krs.PRIMAL_STAGES, {128: 2})
 
     def test_ablations_export_with_their_names(self):
         q, k, v, g, beta, state, seg = t0_test._inputs(1, 200, 2, 2, 128, 128, 0.2, True,
@@ -128,7 +130,7 @@ class RsTest(parameterized.TestCase):
                 lambda *a: krs.chunk_delta_fused_rs_fwd_mosaic(  # noqa: B023
                     *a[:6], scale=0.1, initial_state=a[6], segment_ids=a[7],
                     ablation=ablation), q, k, v, t0, g, beta, state, seg)
-            self.assertIn(krs.rs_kernel_name(3, ablation), text)
+            self.assertTrue(krs.rs_kernel_name(2, ablation) in text)  # PRIMAL_STAGES at K 128
         self.assertEqual(krs.rs_kernel_name(2, "readout"),
                          "gdn_chunk_delta_fused_rs_fwd_s2_abl_readout")
         with self.assertRaisesRegex(ValueError, "ablation must be one of"):
@@ -146,7 +148,7 @@ class RsTest(parameterized.TestCase):
         text = _export_text(primal, q, k, v, g, beta, state, seg)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 2)  # T0, then fused_rs
         self.assertIn("gdn_chunk_kkt_inverse", text)
-        self.assertIn(krs.rs_kernel_name(3), text)
+        self.assertIn(krs.rs_kernel_name(2), text)  # K = 128: PRIMAL_STAGES
         # Under differentiation: the fused_t0 forward (it stores h, v_new), logged once.
         with mock.patch.object(validation, "_logged", set()), \
                 self.assertLogs(level="INFO") as logs:
@@ -180,7 +182,7 @@ class RsTest(parameterized.TestCase):
             self.assertEqual(mosaic_vjp.resolve_forward("fused_rs", 1, 16, 128, 32768),
                              "three_pass")
         self.assertIn("fused_rs", kgd.FORWARDS)
-        self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_t0")  # off by default
+        self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_rs")  # MOSAIC_GPU.md Sec. 63
 
     def test_fwd_mosaic_with_residual_falls_back(self):
         q, k, v, g, beta, state, seg = t0_test._inputs(1, 100, 1, 1, 64, 64, 0.2, False, None)

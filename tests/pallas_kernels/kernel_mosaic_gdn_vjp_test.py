@@ -326,18 +326,19 @@ class GpuTest(kmg_test.HopperTestCase):
                        backward=case[-1])
 
 
-def _check_dh_w_t0_exports(test, dk, dv, deltanet, backward="fused_ws"):
+def _check_dh_w_t0_exports(test, dk, dv, deltanet, backward="fused_ws", forward="fused_t0"):
     """``jax.grad`` through the op with ``forward="fused_t0"``, ``dh_w="t0"`` exports four
     kernels: the plain ``T0`` kernel (no ``_w``: no ``W`` written), the fused forward, the
     reverse pass forming ``W`` (``gdn_chunk_delta_dh_fold_t0``) and the fused backward; no
-    XLA ``dot_general``."""
+    XLA ``dot_general``. ``forward="fused_rs"`` (without ``RS_RESIDUALS``) exports the same:
+    under differentiation it runs ``"fused_t0"``, which keeps ``T0``."""
     q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
         1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
 
     def loss(q, k, v, g, beta, h0, seg):
         o, final = mosaic_vjp.gated_delta_rule_mosaic(
             q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
-            output_final_state=True, forward="fused_t0", backward=backward, dh_w="t0")
+            output_final_state=True, forward=forward, backward=backward, dh_w="t0")
         return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
 
     argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
@@ -429,6 +430,20 @@ class LoweringTest(parameterized.TestCase):
         _check_dh_w_t0_exports(self, dk=128, dv=128, deltanet=False)
         _check_dh_w_t0_exports(self, dk=64, dv=64, deltanet=True)
 
+    def test_dh_w_t0_with_the_default_forward_exports_for_cuda(self):
+        """The default forward, ``"fused_rs"`` (MOSAIC_GPU.md Sec. 63), falls back to
+        ``"fused_t0"`` under differentiation and keeps ``dh_w="t0"`` there (before 2026-12-08
+        ``resolve_dh_w`` gave ``"stored"`` for it without ``RS_RESIDUALS``)."""
+        self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_rs")
+        self.assertFalse(mosaic_vjp.RS_RESIDUALS)
+        self.assertEqual(mosaic_vjp.resolve_dh_w("t0", "fused_rs", "fold", 8, 16, 128, 4096),
+                         "t0")
+        with mock.patch.object(mosaic_vjp, "RS_PIECES", True):  # S2 as pieces: "stored"
+            self.assertEqual(
+                mosaic_vjp.resolve_dh_w("t0", "fused_rs", "fold", 1, 16, 128, 32768), "stored")
+        _check_dh_w_t0_exports(self, dk=64, dv=64, deltanet=False,
+                               forward=mosaic_vjp.DEFAULT_FORWARD)
+
 
 # Slow (out of CI): the other K, V, gate and GVA combinations of LoweringTest (1.9 to 2.4 s
 # each, about 30 s for the 14: seven kernels each). The mark is on the class: absl's
@@ -481,7 +496,7 @@ class ValidationTest(absltest.TestCase):
         if mosaic_vjp.FUSED_T0_FALLBACK and mosaic_vjp.FUSED_T0_PIECES:  # S2: pieces
             self.assertEqual(resolve("t0", "fused_t0", "fold", 1, 16, 128, 32768), "stored")
         self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "fused_ws")  # MOSAIC_GPU.md Sec. 31.8
-        self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_t0")  # MOSAIC_GPU.md Sec. 38.1
+        self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_rs")  # MOSAIC_GPU.md Sec. 63
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, forward="fused_t1")
 
