@@ -85,6 +85,10 @@ F32 = jnp.float32
 BF16 = jnp.bfloat16
 CHUNK = mgl.CHUNK
 LEVELS = (2, 4, 8, 16, 32, 64)  # the pair levels of Mk and Mq (module docstring)
+# Key channels per part of steps 1-4 and 6 (a [64, PART] tile of each operand live at a time).
+# Offline ptxas at S1, K = V = 128 (MOSAIC_GPU.md Sec. 62): 64 spills more than 128 (the whole
+# K: one part), so 128 (parts of min(PART, K) channels).
+PART = 128
 KERNEL_NAME = "channelwise_local_mosaic"
 # SMEM bytes of the kernel (Mosaic GPU's count of the CUDA export, jax 0.10.2) per
 # (K, V, has_docs, save_a); pinned by kernel_mosaic_channelwise_local_test.py.
@@ -155,72 +159,95 @@ def _kernel(*refs, dk: int, dv: int, has_docs: bool, save_a: bool, interpret: bo
     mdt = q_s.dtype
     sq, tk, tv = (CHUNK, CHUNK), (CHUNK, dk), (CHUNK, dv)
     i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
-    ik = mgl.iota(tk, 0, interpret)
 
     def rowv(ref):
         return mgl.by_row(mgl.load_rows(ref, interpret), tk)
 
-    # 1. g floored (validation.floor_log_decay's values, NaN kept), split into bf16 pieces.
-    g = mgl.load_tile(g_s, interpret)
+    # Steps 1 to 3 (and 4, 6) run in parts of PART key channels: one [C, PART] tile of each
+    # operand live at a time (registers).
+    width = min(PART, dk)
+    tp = (CHUNK, width)
+    parts = [pl.ds(part * width, width) for part in range(dk // width)]
+    # 1. g floored (validation.floor_log_decay's values, NaN kept), split into 16-bit pieces.
     floor = F32(validation.LOG_DECAY_FLOOR)
-    g = jnp.where(g < floor, floor, g)
-    for p, piece in enumerate(_split3(g, mdt)):
-        gp_s.at[p][...] = piece
+    for cols in parts:
+        g = mgl.load_tile(g_s.at[:, cols], interpret)
+        g = jnp.where(g < floor, floor, g)
+        for p, piece in enumerate(_split3(g, mdt)):
+            gp_s.at[p, :, cols][...] = piece
     plgpu.commit_smem()
 
-    # 2. gamma = L g and gamma_C = J g (every row: the chunk's sum), exact terms.
+    # 2. gamma = L g and gamma_C = J g (every row: the chunk's sum), exact terms; over g_s
+    # (its input has been read). 3. kg = round(k E_out) (over gp_s[2], whose lo piece the
+    # part's products have read) and e = e^{gamma_C} conn_C.
     lmat = mgl.lhs_operand(jnp.where(j <= i, 1.0, 0.0).astype(mdt), sq_sh, interpret)
-    gam = _product([(lmat, gp_s.at[p]) for p in range(3)], tk)
-    jmat = mgl.lhs_operand(jnp.where(j >= 0, 1.0, 0.0).astype(mdt), sq_sh, interpret)
-    gam_c = _product([(jmat, gp_s.at[p]) for p in range(3)], tk)
-    g_s[...] = gam  # g_s's input has been read (step 1)
+    for cols in parts:
+        gam = _product([(lmat, gp_s.at[p, :, cols]) for p in range(3)], tp)
+        g_s.at[:, cols][...] = gam
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(g_s, gam_ref.at[b, rows, h])
-
-    # 3. kg = round(k E_out) (through gp_s[2], whose lo piece the products above have read)
-    # and e = e^{gamma_C} conn_C.
-    e_out = jnp.exp(gam_c - gam)
-    e_rows = jnp.exp(gam_c)
-    if has_docs:
-        e_out = e_out * rowv(last_s)
-        e_rows = e_rows * rowv(conn_s)
-    kf = mgl.load_tile(k_s, interpret).astype(F32)
-    gp_s.at[2][...] = (kf * e_out).astype(mdt)
-    e_s[...] = jnp.min(e_rows, axis=0)  # conn is a prefix of ones: row C - 1's value
+    jmat = mgl.lhs_operand(jnp.where(j >= 0, 1.0, 0.0).astype(mdt), sq_sh, interpret)
+    for cols in parts:
+        gam_c = _product([(jmat, gp_s.at[p, :, cols]) for p in range(3)], tp)
+        e_out = jnp.exp(gam_c - mgl.load_tile(g_s.at[:, cols], interpret))
+        e_rows = jnp.exp(gam_c)
+        if has_docs:
+            e_out = e_out * mgl.by_row(mgl.load_rows(last_s, interpret), tp)
+            e_rows = e_rows * mgl.by_row(mgl.load_rows(conn_s, interpret), tp)
+        kf = mgl.load_tile(k_s.at[:, cols], interpret).astype(F32)
+        gp_s.at[2, :, cols][...] = (kf * e_out).astype(mdt)
+        e_s.at[cols][...] = jnp.min(e_rows, axis=0)  # conn: a prefix of ones; row C - 1's
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(gp_s.at[2], kg_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(e_s, e_ref.at[b, h, n])
 
-    # 4. Mk and Mq by levels (module docstring). q, k and kr are loaded per level (SMEM
-    # loads), so that no [C, K] tile stays live through the products.
-    def operands():
-        kf = mgl.load_tile(k_s, interpret).astype(F32)
-        kr = (kf * rowv(ks_s)).astype(mdt).astype(F32)  # round(k ks), as _scaled
-        return kf, kr, mgl.load_tile(q_s, interpret).astype(F32)
-
+    # 4. Mk and Mq by levels (module docstring), each level in parts of PART key channels
+    # (E_s, k, kr, q of one part live at a time: registers), the parts' products summed in
+    # fp32. q, k and kr are loaded from SMEM where used.
     mk = mgl.zeros_acc(sq, interpret)
     # Mq's diagonal: (q k^T)_ii, exact operands.
     qk = _product([(q_s, mgl.transposed(k_s, t_sh, interpret))], sq)
+    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
     mq = jnp.where(i == j, qk, 0.0)
-    for s in LEVELS:
-        half = s // 2
-        second = lax.rem(ik, s) >= half  # [C, K]: rows in the second half of their s-block
+
+    def level(lvl, carry):
+        # A rolled loop over the levels, s = 2^(lvl + 1) traced: unrolled, ptxas spilled
+        # (MOSAIC_GPU.md Sec. 62).
+        mk, mq = carry
+        s = lax.shift_left(jnp.int32(2), lvl)
+        half = lax.shift_left(jnp.int32(1), lvl)
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
         mid = lax.div(i, s) * s + half - 1  # [C, C]: the row's reference m
         # P_s: second-half rows sum g over (m, i], first-half rows over (i, m]: E_s <= 0.
         p_s = jnp.where(lax.rem(i, s) >= half, (j > mid) & (j <= i), (j > i) & (j <= mid))
-        pmat = mgl.lhs_operand(jnp.where(p_s, 1.0, 0.0).astype(mdt), sq_sh, interpret)
-        ex = jnp.exp(_product([(pmat, gp_s.at[0]), (pmat, gp_s.at[1])], tk))
-        kf, kr, qf = operands()
-        y_s[...] = jnp.where(second, 0.0, kf * ex).astype(mdt)
-        plgpu.commit_smem()
-        xk = mgl.lhs_operand(jnp.where(second, kr * ex, 0.0).astype(mdt), xk_sh, interpret)
-        xq = mgl.lhs_operand(jnp.where(second, qf * ex, 0.0).astype(mdt), xq_sh, interpret)
-        yt = mgl.transposed(y_s, t_sh, interpret)
-        pk = _product([(xk, yt)], sq)
-        pq = _product([(xq, yt)], sq)
-        keep = (lax.div(i, s) == lax.div(j, s)) & (lax.rem(i, s) >= half) & (lax.rem(j, s) < half)
-        mk = mk + jnp.where(keep, pk, 0.0)
-        mq = mq + jnp.where(keep, pq, 0.0)
+        pmat = jnp.where(p_s, 1.0, 0.0).astype(mdt)
+        for cols in parts:
+            pm = mgl.lhs_operand(pmat, sq_sh, interpret)
+            ex = jnp.exp(_product([(pm, gp_s.at[0, :, cols]), (pm, gp_s.at[1, :, cols])], tp))
+            # [C, PART]: rows in the second half of their s-block
+            second = lax.rem(mgl.iota(tp, 0, interpret), s) >= half
+            kf = mgl.load_tile(k_s.at[:, cols], interpret).astype(F32)
+            y_s.at[:, cols][...] = jnp.where(second, 0.0, kf * ex).astype(mdt)
+            plgpu.commit_smem()
+            kr = (kf * mgl.by_row(mgl.load_rows(ks_s, interpret), tp)).astype(mdt)
+            xk = jnp.where(second, kr.astype(F32) * ex, 0.0).astype(mdt)
+            xk = mgl.lhs_operand(xk, xk_sh.at[:, cols] if interpret else None, interpret)
+            qf = mgl.load_tile(q_s.at[:, cols], interpret).astype(F32)
+            xq = mgl.lhs_operand(jnp.where(second, qf * ex, 0.0).astype(mdt),
+                                 xq_sh.at[:, cols] if interpret else None, interpret)
+            yt = mgl.transposed(y_s.at[:, cols], t_sh.at[cols] if interpret else None,
+                                interpret)
+            pk = _product([(xk, yt)], sq)
+            pq = _product([(xq, yt)], sq)
+            i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+            keep = ((lax.div(i, s) == lax.div(j, s)) & (lax.rem(i, s) >= half)
+                    & (lax.rem(j, s) < half))
+            mk = mk + jnp.where(keep, pk, 0.0)
+            mq = mq + jnp.where(keep, pq, 0.0)
+        return mk, mq
+
+    mk, mq = lax.fori_loop(0, len(LEVELS), level, (mk, mq))
+    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
     if has_docs:  # column j shares row i's document iff j >= start_i
         same = j >= mgl.by_row(mgl.load_rows(st_s, interpret), sq)
         mk = jnp.where(same, mk, 0.0)
@@ -241,12 +268,16 @@ def _kernel(*refs, dk: int, dv: int, has_docs: bool, save_a: bool, interpret: bo
 
     # 6. qg = round(q E_in) (over q_s, read by the products above), krg = round(kr E_in)
     # (over gp_s[0]), vw = round(v vs) (over v_s).
-    kf, kr, qf = operands()
-    e_in = jnp.exp(mgl.load_tile(g_s, interpret))  # gamma (its TMA store only reads g_s)
-    if has_docs:
-        e_in = e_in * rowv(conn_s)
-    q_s[...] = (qf * e_in).astype(mdt)
-    gp_s.at[0][...] = (kr * e_in).astype(mdt)
+    for cols in parts:
+        # gamma (its TMA store only reads g_s)
+        e_in = jnp.exp(mgl.load_tile(g_s.at[:, cols], interpret))
+        if has_docs:
+            e_in = e_in * mgl.by_row(mgl.load_rows(conn_s, interpret), tp)
+        qf = mgl.load_tile(q_s.at[:, cols], interpret).astype(F32)
+        q_s.at[:, cols][...] = (qf * e_in).astype(mdt)
+        kf = mgl.load_tile(k_s.at[:, cols], interpret).astype(F32)
+        kr = (kf * mgl.by_row(mgl.load_rows(ks_s, interpret), tp)).astype(mdt).astype(F32)
+        gp_s.at[0, :, cols][...] = (kr * e_in).astype(mdt)
     vf = mgl.load_tile(v_s, interpret).astype(F32)
     v_s[...] = (vf * mgl.by_row(mgl.load_rows(vs_s, interpret), tv)).astype(mdt)
     plgpu.commit_smem()
