@@ -21,6 +21,9 @@ a drop-in for ``channelwise_gpu``'s ``_gamma`` + ``_prepare`` (the ``gamma``, ``
   and the op's fallback to Triton for per-channel scales under ``chunk_local="mosaic"``.
 * ``OpInterpretTest`` (``slow``): the whole KDA op (forward and every gradient; a partial last
   chunk, documents) with ``chunk_local`` on against off, both interpreted.
+* ``GpuTest`` (``gpu``, never run yet): on a Hopper GPU, the compiled kernel against the
+  compiled Triton kernels and float64 (K = V = 128 and 64, B 2, T 1024, H 4, documents), and
+  the KDA op with ``chunk_local`` on and off against the fp32 reference and each other.
 
 Run the slow ones with ``PJRT_NPROC=8 python -m pytest -q -m slow`` on this file.
 """
@@ -36,6 +39,7 @@ from pallas_kernels.common import channelwise_gpu, pallas_gpu
 from pallas_kernels.common import channelwise_local_mosaic_gpu as clm
 from tests import tolerances
 from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 from tests.pallas_kernels.kernel_mosaic_channelwise_test import export_cuda_counting_smem
 
 C = clm.CHUNK
@@ -251,6 +255,61 @@ class OpInterpretTest(parameterized.TestCase):
             self.assertLess(tolerances.rel_err(a, e), 4e-3, name)
         for name in cw_test._DIFF_ARGS["kda"]:
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), 6e-3, f"d{name}")
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled kernel (wgmma, TMA, the ``inline_mgpu`` substitution) on a Hopper GPU.
+    Never run yet (MOSAIC_GPU.md Sec. 62: queue item ``kda_local``)."""
+
+    @parameterized.parameters((128, 128), (64, 64))
+    def test_kernel_matches_compiled_triton(self, dk, dv):
+        # B 2, T 1024, H 4, documents of kernel_gpu_channelwise_test's GPU cases (padded):
+        # every output against the compiled Triton kernels, and A, W, U against float64.
+        inputs, _ = _case(3, 2, 1024, 4, dk, dv, jnp.bfloat16)
+        seg = np.pad(np.asarray(cw_test._gpu_case_segment_ids(True)), ((0, 0), (0, 24)),
+                     mode="edge")
+        doc = pallas_gpu.docs_from_segment_ids(jnp.asarray(seg), 1024)
+        q, k, v, beta, g = inputs
+        got, gam = clm.channelwise_local_mosaic(q, k, v, beta, beta, g, doc, save_a=True)
+        bsz, tp, heads, _ = k.shape
+        cfg = channelwise_gpu._config(
+            batch=bsz, heads=heads, n_chunks=tp // C, dk=dk, dv=dv, scale=1.0, has_docs=True,
+            mm_dtype=q.dtype, interpret=False, return_residual=True)
+        want_gam = channelwise_gpu._gamma(cfg, g)
+        want = channelwise_gpu._prepare(cfg, q, k, v, beta, beta, want_gam, doc, save_a=True)
+        self.assertLess(tolerances.rel_err(gam, want_gam), _GATES[_BF16]["gam"], "gam")
+        for name in sorted(want):
+            self.assertLess(tolerances.rel_err(got[name], want[name]), _GATES[_BF16][name], name)
+        a, w, u = _float64_wu(inputs, doc, gam)
+        for name, ref in (("a_ref", a), ("w_ref", w), ("u_ref", u)):
+            self.assertLess(tolerances.rel_err(got[name], ref), _REF_GATE[_BF16], name)
+
+    @parameterized.parameters((True, 128), (False, 64))
+    def test_kda_with_chunk_local_on_and_off_against_fp32_reference(self, packed, dim):
+        # kernel_mosaic_channelwise_test.GpuTest's case and gates: o, final state and every
+        # gradient against the fp32 reference with chunk_local on and off, then on against off.
+        segment_ids = cw_test._gpu_case_segment_ids(packed)
+        inputs, cot_key = cw_test._inputs(0, 2, 1000, 2, 4, dim, dtype=jnp.bfloat16)
+        want = cw_test._outputs_and_grads("kda", None, inputs, segment_ids, cot_key, False)
+        got = {}
+        for local in ("mosaic", "triton"):
+            with cw_test._tuning({"chunk_local": local}):
+                got[local] = cw_test._outputs_and_grads("kda", "pallas", inputs, segment_ids,
+                                                        cot_key, False)
+        for local, (outs, grads) in got.items():
+            for i, name in enumerate(("o", "final_state")):
+                self.assertLess(tolerances.rel_err(outs[i], want[0][i]), 5e-3, f"{local} {name}")
+            for name in cw_test._DIFF_ARGS["kda"]:
+                limit = 2e-2 if name in ("g", "beta") else 8e-3
+                self.assertLess(tolerances.rel_err(grads[name], want[1][name]), limit,
+                                f"{local} d{name}")
+        for i, name in enumerate(("o", "final_state")):
+            self.assertLess(tolerances.rel_err(got["mosaic"][0][i], got["triton"][0][i]), 4e-3,
+                            f"{name}: on vs off")
+        for name in cw_test._DIFF_ARGS["kda"]:
+            self.assertLess(tolerances.rel_err(got["mosaic"][1][name], got["triton"][1][name]),
+                            6e-3, f"d{name}: on vs off")
 
 
 if __name__ == "__main__":
