@@ -22,11 +22,12 @@ chunk of C = 64 tokens, ``g`` floored at ``validation.LOG_DECAY_FLOOR`` (NaN kep
 How the kernel computes them (one CTA, one warpgroup, one chunk; every product a ``wgmma``
 with fp32 accumulation):
 
-* **Cumsums on the tensor cores, exact terms.** ``g`` (fp32) is split into three bf16 pieces
-  whose sum is ``g`` exactly (``hi``, ``mid``, ``lo``); ``gamma = L g`` with ``L`` the inclusive
-  lower-triangular ones (exact in bf16): three ``[64, 64] x [64, K]`` products, so every term
-  is exact and only the fp32 accumulation rounds (the Triton ``gamma`` kernel's sequential fp32
-  scan rounds in another order: the two agree to fp32 rounding, not bit for bit). ``gamma_C``
+* **Cumsums on the tensor cores, exact terms.** ``g`` (fp32) is split into three 16-bit pieces
+  of the operand dtype whose sum is ``g`` (exactly for bf16: ``hi``, ``mid``, ``lo``);
+  ``gamma = L g`` with ``L`` the inclusive lower-triangular ones (exact in 16 bits): three
+  ``[64, 64] x [64, K]`` products, so every term is exact and only the fp32 accumulation
+  rounds (the Triton ``gamma`` kernel's sequential fp32 scan rounds in another order: the two
+  agree to fp32 rounding, not bit for bit). ``gamma_C``
   as a tile (``J g``, ``J`` all ones) gives ``E_out``'s exponent ``gamma_C - gamma`` as the
   Triton ``intra`` kernel forms it (a difference of two fp32 sums).
 * **Mk and Mq by levels, every exponent <= 0.** Instead of ``prepare``'s 16 x 16 sub-blocks
@@ -59,9 +60,12 @@ Documents: each token's chunk-local document start (``channelwise_gpu._doc_start
 and ``last`` (:func:`pallas_kernels.common.pallas_gpu.docs_from_segment_ids`), as rows; ``e``
 takes ``conn_C`` as the minimum of ``conn`` over the chunk (``conn`` is a prefix of ones).
 
-SMEM (Mosaic GPU's count of the CUDA export, jax 0.10.2, pinned by
-``tests/pallas_kernels/kernel_mosaic_channelwise_local_test.py``): see :data:`SMEM_BYTES`.
-Inputs are read once by TMA and outputs written once by TMA; no ring (one chunk per CTA).
+SMEM (Mosaic GPU's count of the CUDA export, jax 0.10.2 and 0.11.2): 223,240 bytes at K = V =
+128 bf16 with documents (one CTA per SM), 146,440 at K = V = 64 fp16 without; pinned by
+``tests/pallas_kernels/kernel_mosaic_channelwise_local_test.py``. Offline ptxas at S1, K = V =
+128 (MOSAIC_GPU.md Sec. 62): 255 registers, 40 bytes of spill stores (the levels unrolled
+spilled 864 and serialised the ``wgmma``: hence the rolled loop). Inputs are read once by TMA
+and outputs written once by TMA; no ring (one chunk per CTA).
 
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
 ``mosaic_gpu_lib``'s shims (register operands and transposed operands through SMEM) and
@@ -82,7 +86,6 @@ from pallas_kernels.common import validation
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kmg
 
 F32 = jnp.float32
-BF16 = jnp.bfloat16
 CHUNK = mgl.CHUNK
 LEVELS = (2, 4, 8, 16, 32, 64)  # the pair levels of Mk and Mq (module docstring)
 # Key channels per part of steps 1-4 and 6 (a [64, PART] tile of each operand live at a time).
@@ -90,9 +93,6 @@ LEVELS = (2, 4, 8, 16, 32, 64)  # the pair levels of Mk and Mq (module docstring
 # K: one part), so 128 (parts of min(PART, K) channels).
 PART = 128
 KERNEL_NAME = "channelwise_local_mosaic"
-# SMEM bytes of the kernel (Mosaic GPU's count of the CUDA export, jax 0.10.2) per
-# (K, V, has_docs, save_a); pinned by kernel_mosaic_channelwise_local_test.py.
-SMEM_BYTES = {}
 
 
 def _split3(x, dtype):
