@@ -47,7 +47,7 @@ with fp32 accumulation):
   dtype, so ``Mk``, ``Mq`` agree with it to that rounding (as K1 / K2 do with
   ``grad_blocks``).
 * **A** from the masked ``Mk``: the inverses of the 16 x 16 diagonal blocks by fp32 forward
-  substitution (the Triton ``prepare``'s method; ``kernel_mosaic_gpu.kkt_diag_solve``, the T0
+  substitution (the Triton ``prepare``'s method; ``mosaic_gpu_inverse.kkt_diag_solve``, the T0
   kernel's ``inline_mgpu`` on the GPU), then the T0 kernel's block merges with ``Mk`` split into
   fp16 ``hi + lo`` (``kkt_block_merge``, ``refine="split_merge"``; MOSAIC_GPU.md Secs. 13, 15)
   where ``prepare`` uses TF32 block products. Masking ``Mk`` before the inverse gives the same
@@ -81,9 +81,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.common import mosaic_gpu_inverse as mgi
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.common import validation
-from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kmg
 
 F32 = jnp.float32
 CHUNK = mgl.CHUNK
@@ -261,10 +261,10 @@ def _kernel(*refs, dk: int, dv: int, has_docs: bool, save_a: bool, interpret: bo
     l_s[...] = a_hi
     al_s[...] = (mk - a_hi.astype(F32)).astype(al_s.dtype)
     split = dict(al_s=al_s, xl_s=xl_s if mdt == jnp.dtype(jnp.float16) else None)
-    xs = kmg.kkt_diag_solve(mk, solve_s, interpret)
-    xs = kmg.kkt_block_merge(xs, l_s, x_s, my_s, interpret, **split)
+    xs = mgi.kkt_diag_solve(mk, solve_s, interpret)
+    xs = mgi.kkt_block_merge(xs, l_s, x_s, my_s, interpret, **split)
     for c in range(4):
-        a_s.at[:, pl.ds(c * kmg.KKT_BLOCK, kmg.KKT_BLOCK)][...] = xs[c].astype(mdt)
+        a_s.at[:, pl.ds(c * mgi.KKT_BLOCK, mgi.KKT_BLOCK)][...] = xs[c].astype(mdt)
 
     # 6. qg = round(q E_in) (over q_s, read by the products above), krg = round(kr E_in)
     # (over gp_s[0]), vw = round(v vs) (over v_s).
@@ -311,11 +311,11 @@ def _scratch(dk: int, dv: int, dtype, has_docs: bool, interpret: bool):
         swz((3, CHUNK, dk), dtype),  # gp_s: g's pieces; then [2] kg, [0] krg, then W
         swz((CHUNK, dk), dtype),  # y_s: a level's Y'
         swz((CHUNK, CHUNK), dtype),  # mq_s
-        kmg._kkt_smem((CHUNK, CHUNK), dtype),  # a_s: A (operand dtype), left of W and U
-        kmg._kkt_smem((CHUNK, CHUNK), kmg.MERGE_DTYPE),  # l_s: Mk_hi
-        kmg._kkt_smem((CHUNK, CHUNK), kmg.MERGE_DTYPE),  # al_s: Mk_lo
-        kmg._kkt_smem((CHUNK, CHUNK), kmg.MERGE_DTYPE),  # x_s: X_hi
-        kmg._kkt_smem((CHUNK, CHUNK), kmg.MERGE_DTYPE),  # xl_s: X_lo (fp16 outputs)
+        mgi.kkt_smem((CHUNK, CHUNK), dtype),  # a_s: A (operand dtype), left of W and U
+        mgi.kkt_smem((CHUNK, CHUNK), mgi.MERGE_DTYPE),  # l_s: Mk_hi
+        mgi.kkt_smem((CHUNK, CHUNK), mgi.MERGE_DTYPE),  # al_s: Mk_lo
+        mgi.kkt_smem((CHUNK, CHUNK), mgi.MERGE_DTYPE),  # x_s: X_hi
+        mgi.kkt_smem((CHUNK, CHUNK), mgi.MERGE_DTYPE),  # xl_s: X_lo (fp16 outputs)
         plgpu.SMEM((dk,), F32),  # e_s
         vec, vec,  # ks_s, vs_s (rows)
         plgpu.Barrier(num_arrivals=9 if has_docs else 6),  # in_bar
@@ -326,9 +326,9 @@ def _scratch(dk: int, dv: int, dtype, has_docs: bool, interpret: bool):
         out += [swz((CHUNK, CHUNK), dtype),  # sq_sh: L, J, P_s
                 swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # xk_sh, xq_sh
                 plgpu.SMEM((dk, CHUNK), dtype),  # t_sh: k^T, Y'^T
-                kmg._kkt_smem((CHUNK, CHUNK), kmg.MERGE_DTYPE)]  # my_s: the merges' Y
+                mgi.kkt_smem((CHUNK, CHUNK), mgi.MERGE_DTYPE)]  # my_s: the merges' Y
     else:
-        out += [plgpu.SMEM((CHUNK, CHUNK + kmg.KKT_SOLVE_PAD), F32)]  # solve_s
+        out += [plgpu.SMEM((CHUNK, CHUNK + mgi.KKT_SOLVE_PAD), F32)]  # solve_s
     return out
 
 
