@@ -38,6 +38,10 @@ CI_SLOW_TESTS = (
     # and 64 (MOSAIC_GPU.md Sec. 62).
     "tests/pallas_kernels/kernel_mosaic_channelwise_local_test.py::KernelInterpretTest::"
     "test_matches_triton*",
+    # Its K = V = 64 fp16 export and SMEM pin (1 s): CI keeps the K = V = 128 bf16 export with
+    # its SMEM pin and the whole KDA op's export with the kernel.
+    "tests/pallas_kernels/kernel_mosaic_channelwise_local_test.py::LoweringTest::"
+    "test_kernel_exports_for_cuda_K64_V64_fp16",
     # Live SmolLM2 harness run against the recorded HF backend (66 s alone); CI keeps the
     # adapter's checks against our evaluators (lm_eval_adapter_test.py).
     "tests/lattn_jax/eval/lm_eval_smollm2_test.py::SmolLM2AdapterTest::"

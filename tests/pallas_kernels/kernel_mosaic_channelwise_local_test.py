@@ -16,7 +16,10 @@ a drop-in for ``channelwise_gpu``'s ``_gamma`` + ``_prepare`` (the ``gamma``, ``
   the others are ``slow`` (``tests/ci_slow.py``).
 * ``LoweringTest`` (CI): the kernel exports for CUDA on the CPU host (``jax.export``) at K = V
   = 128 bf16 with documents and ``A`` stored (the largest SMEM) and K = V = 64 fp16; the SMEM
-  counts are pinned (:data:`SMEM_COUNTS`, MOSAIC_GPU.md Sec. 62).
+  counts are pinned (:data:`SMEM_COUNTS`, MOSAIC_GPU.md Sec. 62); the whole KDA forward +
+  backward exports with ``chunk_local="mosaic"`` (a mocked Hopper), the kernel in place of
+  ``gamma``, ``intra``, ``prepare`` and ``wu``. (The K = V = 64 fp16 export is in
+  ``tests/ci_slow.py``: CI keeps the other two; the CI tests take about 8 s.)
 * ``ValidationTest`` (CI): refusals (GDN-2's per-channel scales, fp32 operands, head dims)
   and the op's fallback to Triton for per-channel scales under ``chunk_local="mosaic"``.
 * ``OpInterpretTest`` (``slow``): the whole KDA op (forward and every gradient; a partial last
@@ -30,6 +33,7 @@ Run the slow ones with ``PJRT_NPROC=8 python -m pytest -q -m slow`` on this file
 
 from unittest import mock
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -37,10 +41,11 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels.common import channelwise_gpu, pallas_gpu
 from pallas_kernels.common import channelwise_local_mosaic_gpu as clm
+from pallas_kernels.kda import kernel_gpu as kda_kernel
 from tests import tolerances
 from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
+from tests.pallas_kernels import kernel_mosaic_channelwise_test as cwm_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
-from tests.pallas_kernels.kernel_mosaic_channelwise_test import export_cuda_counting_smem
 
 C = clm.CHUNK
 _BF16, _FP16 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)
@@ -196,13 +201,36 @@ class LoweringTest(parameterized.TestCase):
 
         doc = (pallas_gpu.docs_from_segment_ids(jnp.zeros((bsz, tp), jnp.int32), tp)
                if has_docs else ())
-        text, smem = export_cuda_counting_smem(
+        text, smem = cwm_test.export_cuda_counting_smem(
             lambda *a: clm.channelwise_local_mosaic(*a, save_a=has_docs), z(dk), z(dk), z(dv),
             z(1, jnp.float32), z(1, jnp.float32), z(dk, jnp.float32), doc)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertIn(clm.KERNEL_NAME, text)
         self.assertLessEqual(smem, _SMEM_LIMIT)
         self.assertEqual(smem, SMEM_COUNTS[dk, dv, has_docs])
+
+    def test_kda_fwd_bwd_exports_with_chunk_local_mosaic(self):
+        # The whole op lowered for CUDA with the switch on (on a mocked Hopper): the new kernel
+        # replaces gamma, intra, prepare and wu; the state passes and K2 as by default.
+        inputs, _ = cw_test._inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
+        seg = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+
+        def fwdbwd(*args):
+            def f(*args):
+                return kda_kernel.kda_pallas(*args, scale=0.125, segment_ids=seg)[0]
+            o, vjp = jax.vjp(f, *args)
+            return vjp(o) + (o,)
+
+        with cw_test._tuning({"chunk_local": "mosaic"}), cwm_test.hopper(), \
+                pallas_gpu.abstract_gpu_target():
+            text = jax.export.export(
+                jax.jit(fwdbwd), platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+                    "__gpu$xla.gpu.triton")])(*args).mlir_module()
+        self.assertIn(clm.KERNEL_NAME, text)
+        for name in ("gamma", "intra", "prepare", "wu"):
+            self.assertNotIn(f'name = "channelwise_{name}"', text)
 
 
 class ValidationTest(parameterized.TestCase):
