@@ -28,8 +28,9 @@ with fp32 accumulation):
   ``[64, 64] x [64, K]`` products, so every term is exact and only the fp32 accumulation
   rounds (the Triton ``gamma`` kernel's sequential fp32 scan rounds in another order: the two
   agree to fp32 rounding, not bit for bit). ``gamma_C``
-  as a tile (``J g``, ``J`` all ones) gives ``E_out``'s exponent ``gamma_C - gamma`` as the
-  Triton ``intra`` kernel forms it (a difference of two fp32 sums).
+  (``gamma``'s last row, a column sum of that row alone: exact) gives ``E_out``'s exponent
+  ``gamma_C - gamma`` as the Triton ``intra`` kernel forms it (a difference of two fp32
+  sums).
 * **Mk and Mq by levels, every exponent <= 0.** Instead of ``prepare``'s 16 x 16 sub-blocks
   with the reference at the first row of each row block (off-diagonal) and ``intra``'s
   elementwise diagonal blocks, every pair ``j < i`` is taken at the one level ``s`` in
@@ -177,19 +178,16 @@ def _kernel(*refs, dk: int, dv: int, has_docs: bool, save_a: bool, interpret: bo
             gp_s.at[p, :, cols][...] = piece
     plgpu.commit_smem()
 
-    # 2. gamma = L g and gamma_C = J g (every row: the chunk's sum), exact terms; over g_s
-    # (its input has been read). 3. kg = round(k E_out) (over gp_s[2], whose lo piece the
-    # part's products have read) and e = e^{gamma_C} conn_C.
+    # 2. gamma = L g (exact terms), over g_s (its input has been read); gamma_C, its last row,
+    # by a column sum of that row alone (exact). 3. kg = round(k E_out) (over gp_s[2], whose
+    # lo piece the part's product has read) and e = e^{gamma_C} conn_C.
     lmat = mgl.lhs_operand(jnp.where(j <= i, 1.0, 0.0).astype(mdt), sq_sh, interpret)
     for cols in parts:
         gam = _product([(lmat, gp_s.at[p, :, cols]) for p in range(3)], tp)
         g_s.at[:, cols][...] = gam
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(g_s, gam_ref.at[b, rows, h])
-    jmat = mgl.lhs_operand(jnp.where(j >= 0, 1.0, 0.0).astype(mdt), sq_sh, interpret)
-    for cols in parts:
-        gam_c = _product([(jmat, gp_s.at[p, :, cols]) for p in range(3)], tp)
-        e_out = jnp.exp(gam_c - mgl.load_tile(g_s.at[:, cols], interpret))
+        last_row = mgl.iota(tp, 0, interpret) == CHUNK - 1
+        gam_c = lax.broadcast_in_dim(jnp.sum(jnp.where(last_row, gam, 0.0), axis=0), tp, [1])
+        e_out = jnp.exp(gam_c - gam)
         e_rows = jnp.exp(gam_c)
         if has_docs:
             e_out = e_out * mgl.by_row(mgl.load_rows(last_s, interpret), tp)
@@ -198,6 +196,7 @@ def _kernel(*refs, dk: int, dv: int, has_docs: bool, save_a: bool, interpret: bo
         gp_s.at[2, :, cols][...] = (kf * e_out).astype(mdt)
         e_s.at[cols][...] = jnp.min(e_rows, axis=0)  # conn: a prefix of ones; row C - 1's
     plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(g_s, gam_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(gp_s.at[2], kg_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(e_s, e_ref.at[b, h, n])
 
