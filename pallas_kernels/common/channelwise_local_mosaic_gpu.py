@@ -322,7 +322,7 @@ def _scratch(dk: int, dv: int, dtype, has_docs: bool, interpret: bool):
     if has_docs:
         out += [plgpu.SMEM((CHUNK,), jnp.int32), vec, vec]  # starts, conn, last (rows)
     if interpret:
-        out += [swz((CHUNK, CHUNK), dtype),  # sq_sh: L, J, P_s
+        out += [swz((CHUNK, CHUNK), dtype),  # sq_sh: L, P_s
                 swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # xk_sh, xq_sh
                 plgpu.SMEM((dk, CHUNK), dtype),  # t_sh: k^T, Y'^T
                 mgi.kkt_smem((CHUNK, CHUNK), mgi.MERGE_DTYPE)]  # my_s: the merges' Y
@@ -365,7 +365,12 @@ def channelwise_local_mosaic(
     save_a: bool = False,
     interpret: bool = False,
 ) -> Tuple[Dict[str, jax.Array], jax.Array]:
-    """``channelwise_gpu._gamma`` + ``_prepare`` in one Mosaic GPU kernel (module docstring).
+    """``channelwise_gpu._gamma`` + ``_prepare`` in one Mosaic GPU kernel.
+
+    Per chunk of 64 tokens (paper arXiv 2607.07953, Eqs. 18-24; the module docstring has the
+    equations and how the kernel forms them): ``gamma = cumsum(max(g, LOG_DECAY_FLOOR))``,
+    ``Mk``, ``Mq`` (decayed, same document), ``A = (I + Mk)^{-1}``, ``W = A (kr E_in)``,
+    ``U = A vw``, ``qg = q E_in``, ``kg = k E_out``, ``e = e^{gamma_C} conn_C``.
 
     Args:
       q, k: ``[B, Tp, H, K]``, v ``[B, Tp, H, V]``: the operands, one 16-bit dtype, ``Tp`` a
