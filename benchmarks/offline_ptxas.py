@@ -75,6 +75,8 @@ sequence pieces, default 4, at any shape: one line per launch, ``.maps``, ``.pie
 16 or 32), ``k2:<slab>`` (``channelwise_grad_chunk_mosaic``, KDA's per-token ``ks``; ``k2`` is
 ``k2:32``),
 ``k2gdn2:<slab>`` (the same with GDN-2's per-channel fp32 ``ks``),
+``local`` / ``local:infer`` (``channelwise_local_mosaic``, the chunk-local forward with /
+without ``A`` stored; MOSAIC_GPU.md Sec. 62),
 ``t0:<stages>:<inverse>`` (``chunk_kkt_inverse_mosaic`` at S1 with the Newton step) or
 ``t0`` (the nine H200 variants). ``k1`` and ``k2`` take stage ablations after ``+``
 (``k1:32+no_band``, ``k2+no_mma+no_state``; MOSAIC_GPU.md Sec. 22), and so does
@@ -526,6 +528,23 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
 
         return export_modules(fn, *[s["tok_k"]] * 2, s["ks"], s["gamma"], s["states"],
                               s["states"], *[s["tok_v"]] * 3, doc=doc)
+    if kind == "local":  # the chunk-local forward (MOSAIC_GPU.md Sec. 62); :infer: no A
+        from pallas_kernels.common import channelwise_local_mosaic_gpu as clm
+        from pallas_kernels.common import pallas_gpu
+        if arg not in ("", "infer"):
+            raise ValueError(f"local takes no option but infer, got {arg!r}")
+        tp = -(-seq_len // clm.CHUNK) * clm.CHUNK
+        pad = dict(tok_k=(batch, tp, heads, dk), tok_v=(batch, tp, heads, dv),
+                   gamma=(batch, tp, heads, dk), ks=(batch, tp, heads, 1))
+        p = {n: jax.ShapeDtypeStruct(shape, s[n].dtype) for n, shape in pad.items()}
+
+        def fn(q, k, v, ks, g, seg=None):
+            docs = () if seg is None else pallas_gpu.docs_from_segment_ids(seg, tp)
+            return clm.channelwise_local_mosaic(q, k, v, ks, ks, g, docs, save_a=arg != "infer")
+
+        seg = None if doc is None else jax.ShapeDtypeStruct((batch, tp), jnp.int32)
+        return export_modules(fn, p["tok_k"], p["tok_k"], p["tok_v"], p["ks"], p["gamma"],
+                              seg=seg)
     if kind == "gdn_wy_bwd":  # only with ablations here (else the op's export has it)
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
         gate = jax.ShapeDtypeStruct(s["tok_k"].shape[:3], jnp.float32)
@@ -665,7 +684,7 @@ OP_OPTIONS = ("infer", "nog", "s3", "vk", "es")
 # and linear attention export the same Mosaic modules as GDN and simple GLA (checked 2026-12-05).
 ALL_KERNELS = (
     "state_fwd", "state_fwd_nostore", "state_bwd", "k1:32", "k1:16", "k2:32", "k2:16",
-    "k2gdn2:32", "k2gdn2:16",
+    "k2gdn2:32", "k2gdn2:16", "local", "local:infer",
     "gla_fwd", "gla_fused", "gla_bwd",
     "gdn_wy", "gdn_delta_h", "gdn_output", "gdn_fused", "gdn_fused:infer", "gdn_fused_split",
     "gdn_t0", "gdn_t0:infer", "gdn_fused_t0", "gdn_fused_t0:infer", "gdn_fused_t0_split",
@@ -946,7 +965,7 @@ def _define_flags() -> None:
                                  "docstring): state_fwd, state_fwd_nostore, state_bwd, "
                                  "state_fwd_pieces[:<P>], state_bwd_pieces[:<P>], "
                                  "k1:<16|32>[+ablation...], k2[:<16|32>][+ablation...], "
-                                 "k2gdn2[:<16|32>][+ablation...], "
+                                 "k2gdn2[:<16|32>][+ablation...], local[:infer], "
                                  "gdn_wy_bwd+ablation[+ablation...], "
                                  "t0:<stages>:<inverse>, t0, the ops' kernels (gla_*, gdn_*, "
                                  "with :options), all.")

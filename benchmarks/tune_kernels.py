@@ -186,10 +186,11 @@ CW_KNOBS = CW_BOOL_KNOBS + CW_INT_KNOBS + BLOCK_KNOBS + CW_BLOCK_KNOBS + CW_LAUN
 # channelwise_gpu.TUNING keys that are not Triton launch or shape knobs: which kernels run the
 # state passes and the gradients through Mq and Mk (the Mosaic GPU kernels, timed against
 # Triton by bench_kernels.py --channelwise_state_pass / --channelwise_grad_pass), the state
-# passes' SMEM aliasing and sequence pieces, and K1's slab width. This script tunes the Triton
+# passes' SMEM aliasing and sequence pieces, K1's slab width, and the chunk-local forward's
+# kernel (chunk_local, MOSAIC_GPU.md Sec. 62). This script tunes the Triton
 # kernels under the module's setting of them.
 CW_NOT_KNOBS = ("state_pass", "mosaic_alias_staging", "mosaic_pieces", "grad_pass",
-                "mosaic_grad_slab")
+                "mosaic_grad_slab", "chunk_local")
 # block_v and block_k also change the forward (wu loops over value and key blocks, gamma over key
 # blocks), prepare_k and intra_tf32 prepare's products. grad_blocks, backward_state and
 # backward_chunk change the backward only.

@@ -108,6 +108,10 @@
 #               (--mosaic_rs_pieces) at S2 and P1, fwd and fwd+bwd (--mosaic_rs_residuals), jla
 #               beside; then the switch off (fused_t0's pieces); then its two gpu tests
 #               (decision rule in Sec. 60)
+#   kda_local 520  Sec. 62: KDA's chunk-local forward as one Mosaic GPU kernel
+#               (TUNING['chunk_local']="mosaic", off by default, never compiled): its gpu tests,
+#               then KDA S1 and S2 fwd and fwd+bwd with the option off, then on (--tuning), jla
+#               beside both, per-kernel breakdown and the kernel's ptxas line (rule in Sec. 62)
 #   dhw 420     Sec. 51: the reverse state pass forming W from T0 (dh_w="t0", the T0 kernel
 #               without W) against the stored W at S1, jla beside, then its six gpu tests
 #               (decision rule in Sec. 51; 330 s left the last two tests out on 2026-12-07i)
@@ -166,7 +170,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
   lgt_ftests) echo 200;; dhw) echo 420;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
   rs) echo 550;; rs_prof) echo 170;; rs_res) echo 550;; rs_res_st) echo 300;;
-  mapsx) echo 540;; rs_pieces) echo 520;;
+  mapsx) echo 540;; rs_pieces) echo 520;; kda_local) echo 520;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -825,6 +829,23 @@ run_rs_pieces() {  # Sec. 60: fused_rs on S2/P1's sequence pieces, on (jla besid
     $T/kernel_mosaic_gdn_rs_pieces_test.py > $O/rs_pieces/tests.log 2>&1
   echo "gpu tests rc=$? t=$((SECONDS-s))s"
   grep -a -E 'fused_rs|passed|failed|FAILED|Error' $O/rs_pieces/tests.log | cut -c1-250 | tail -20
+}
+run_kda_local() {  # Sec. 62: KDA's chunk-local forward as one Mosaic GPU kernel, off and on
+  mkdir -p $O/kda_local; local s=$SECONDS
+  timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    $T/kernel_mosaic_channelwise_local_test.py > $O/kda_local/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -E 'passed|failed|FAILED|Error' $O/kda_local/tests.log | cut -c1-250 | tail -12
+  local args="--ops=kda --peers=ours,jla --passes=fwd,fwdbwd --shapes=S1,S2 --breakdown_top=16
+    --iters=30 --warmup=5"
+  timeout 165 python3 benchmarks/bench_kernels.py $args --out=$O/kda_local/off \
+    > $O/kda_local/off.log 2>&1; echo "chunk_local off rc=$? t=$((SECONDS-s))s"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 165 python3 benchmarks/bench_kernels.py $args \
+    --tuning='{"channelwise": {"chunk_local": "mosaic"}}' --out=$O/kda_local/on \
+    > $O/kda_local/on.log 2>&1; echo "chunk_local on rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/kda_local/*.log | cut -c1-300
+  cw_show $O/kda_local/off.log $O/kda_local/on.log
+  cw_ptxas channelwise_local $O/kda_local/on.log
 }
 # ---- end of Sec. 37's items -------------------------------------------------------------------
 

@@ -277,8 +277,16 @@ TUNING = {
     # checks pass (MOSAIC_GPU.md Sec. 37.5's rule, Sec. 46): 32 since then.
     "grad_pass": "mosaic_fused",
     "mosaic_grad_slab": 32,
+    # The chunk-local forward (gamma, intra, prepare, wu): "triton" (_gamma + _prepare, four
+    # launches) or "mosaic" (channelwise_local_mosaic_gpu.channelwise_local_mosaic: one Mosaic
+    # GPU kernel per chunk, the same outputs, layouts and dtypes; MOSAIC_GPU.md Sec. 62).
+    # Resolved as state_pass (16-bit operands, sm_90 or interpret mode, else Triton, logged
+    # once); per-channel scales (GDN-2's write gate) keep Triton too, logged once. Off
+    # ("triton") until its GPU rule (Sec. 62) is run; no per-call argument.
+    "chunk_local": "triton",
 }
 STATE_PASSES = ("triton", "mosaic")
+CHUNK_LOCALS = ("triton", "mosaic")
 GRAD_PASSES = ("triton", "mosaic", "mosaic_fused")
 # TUNING["mosaic_grad_slab"]'s values: K1's phase-2 slab widths
 # (channelwise_grad_mosaic_gpu.SLABS, not imported here: it loads the Mosaic GPU lowering).
@@ -334,7 +342,9 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
         ``TUNING["mosaic_grad_slab"]`` not one of :data:`GRAD_SLABS`
         (:func:`grad_slab`; checked whichever kernel runs), or ``TUNING["mosaic_pieces"]``
         not ``None`` or a positive int (whether it divides the chunk count is checked by the
-        Mosaic state passes, naming ``pieces``).
+        Mosaic state passes, naming ``pieces``), or ``TUNING["chunk_local"]`` not one of
+        :data:`CHUNK_LOCALS` (resolved like ``state_pass``: a Mosaic value takes Triton for
+        fp32 operands or without a Hopper GPU, logged).
     """
     passes = {}
     for option, value, values in (("state_pass", state_pass, STATE_PASSES),
@@ -350,6 +360,13 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
             "channelwise_delta_pallas", option, value, explicit=explicit, dtype=mm_dtype,
             interpret=interpret)
     state_pass, grad_pass = passes["state_pass"], passes["grad_pass"]
+    chunk_local = TUNING.get("chunk_local", "triton")
+    if chunk_local not in CHUNK_LOCALS:
+        raise ValueError(f"TUNING['chunk_local'] must be one of {CHUNK_LOCALS}, got "
+                         f"{chunk_local!r}")
+    chunk_local = mosaic_gpu.resolve_pass("channelwise_delta_pallas", "chunk_local",
+                                          chunk_local, explicit=False, dtype=mm_dtype,
+                                          interpret=interpret)
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
     prepare_k = TUNING.get("prepare_k") or block_k
@@ -367,7 +384,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
                 intra_heads=intra_heads(heads), state_pass=state_pass, grad_pass=grad_pass,
                 mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)),
-                mosaic_pieces=pieces, mosaic_grad_slab=grad_slab(TUNING))
+                mosaic_pieces=pieces, mosaic_grad_slab=grad_slab(TUNING),
+                chunk_local=chunk_local)
 
 
 def grad_slab(tuning) -> int:
@@ -1302,6 +1320,22 @@ def _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dr_bh, g):
 # custom_vjp wiring and entry points.
 
 
+def _local_mosaic(cfg, q, k, v, ks, vs) -> bool:
+    """Whether the chunk-local forward runs on the Mosaic GPU kernel (``cfg["chunk_local"]``,
+    :data:`TUNING`'s ``"chunk_local"`` resolved by :func:`_config`) for these operands; where
+    that kernel refuses them (GDN-2's per-channel scales) the Triton kernels run, logged once."""
+    if cfg["chunk_local"] != "mosaic":
+        return False
+    from pallas_kernels.common import channelwise_local_mosaic_gpu as clm
+
+    why = clm.unsupported_reason(q, k, v, ks, vs)
+    if why is not None:
+        validation.log_once("channelwise_delta_pallas",
+                            f"TUNING['chunk_local']='mosaic': using the Triton kernels: {why}")
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=None)
 def _make_core(static):
     """Builds the ``custom_vjp`` op for one static configuration (cached)."""
@@ -1310,8 +1344,14 @@ def _make_core(static):
 
     def forward(q, k, v, ks, vs, g, h0, docs, *, save):
         # The within-chunk cumsum of g runs here, so the backward returns dg (not d gamma).
-        gam = _gamma(cfg, g)
-        prep = _prepare(cfg, q, k, v, ks, vs, gam, docs, save_a=save)
+        if _local_mosaic(cfg, q, k, v, ks, vs):
+            from pallas_kernels.common import channelwise_local_mosaic_gpu as clm
+
+            prep, gam = clm.channelwise_local_mosaic(q, k, v, ks, vs, g, docs, save_a=save,
+                                                     interpret=cfg["interpret"])
+        else:
+            gam = _gamma(cfg, g)
+            prep = _prepare(cfg, q, k, v, ks, vs, gam, docs, save_a=save)
         if cfg["state_pass"] == "mosaic":  # maps: the sequence pieces' (None when P = 1)
             o, ht, vn, hs, *maps = _forward_mosaic(cfg, prep, h0, save=save)
         else:

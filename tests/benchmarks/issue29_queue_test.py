@@ -32,7 +32,7 @@ ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
          "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla lgt_fused "
          "lgt_ftests dhw mix pskip lgt_rh lgt_st rs rs_prof mapsx rs_res rs_res_st "
-         "rs_pieces").split()
+         "rs_pieces kda_local").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -350,8 +350,8 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
-        self.assertLen(argvs, 13)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw, pskip, lgt_rh,
-        # rs, mapsx, rs_res, rs_res_st, rs_pieces
+        self.assertLen(argvs, 14)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw, pskip, lgt_rh,
+        # rs, mapsx, rs_res, rs_res_st, rs_pieces, kda_local
         selections = []
         for argv in argvs:
             keep, i = [], 0
