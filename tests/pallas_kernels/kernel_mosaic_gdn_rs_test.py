@@ -377,7 +377,8 @@ class RsInterpretTest(parameterized.TestCase):
                                 interpret=True, stages=stages, **extra)
         joint, ahead = run(), run(protocol="ag_ahead")
         names = ("o", "final_state", "v_new", "h")
-        for name, a, b in zip(names, joint, ahead, strict=True):
+        self.assertEqual(len(joint), len(ahead))
+        for name, a, b in zip(names, joint, ahead):  # (o, final) or with v_new, h
             if name == "o" and extra.get("ablation") == "state":
                 continue  # not written
             self.assertTrue(bool(jnp.all(a == b)), name)
@@ -524,7 +525,9 @@ class GpuTest(kmg_test.HopperTestCase):
                                     scale=case[4] ** -0.5, initial_state=state,
                                     segment_ids=seg, **kw)
             names = ("o", "final_state", "v_new", "h")
-            for name, a, b in zip(names, run(), run(protocol="ag_ahead"), strict=True):
+            joint, ahead = run(), run(protocol="ag_ahead")
+            self.assertEqual(len(joint), len(ahead))
+            for name, a, b in zip(names, joint, ahead):  # (o, final) or with v_new, h
                 self.assertTrue(bool(jnp.all(a == b)), f"{name} {case[4:6]} {kw}")
 
         case = (1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200))
