@@ -40,7 +40,8 @@ layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the r
 ``Q S_c`` on its own barrier (Sec. 40).
 ``--mosaic_forward=fused_rs`` times the primal-only forward with the state in registers (Sec. 56;
 ``--mosaic_rs_stages=2`` its two-stage ring, ``--mosaic_rs_protocol=ag_ahead`` the read-out
-of chunk ``n`` after chunk ``n + 1``'s ``Ag``, Sec. 64; under differentiation it runs ``fused_t0``, or
+of chunk ``n`` after chunk ``n + 1``'s ``Ag``, Sec. 64; under differentiation it runs
+``fused_t0``, or
 with ``--mosaic_rs_residuals`` its own residual form, which stores ``h`` and ``v_new``, Sec. 58;
 ``--mosaic_rs_residual_from=state`` the form that stores the published tiles, Sec. 58.5;
 ``--mosaic_rs_pieces`` its kernel on the sequence pieces of rows with few CTAs, S2 and P1,

@@ -63,7 +63,11 @@ issued with ``S^T K^T`` instead.
 
 Barriers and why nothing deadlocks: those of ``kernel_mosaic_gpu_fused._split_t0_kernel`` in
 its ``"shared_mask"`` order (``in_bar``/``in_free`` per ring stage, ``ag_ready`` per stage,
-``s_ready``/``s_free`` per published half; ``_SPLIT_PROTOCOL`` there).
+``s_ready``/``s_free`` per published half; ``_SPLIT_PROTOCOL`` there). ``protocol="ag_ahead"``
+(:data:`RS_PROTOCOLS`, MOSAIC_GPU.md Sec. 64) only reorders the output warpgroup: chunk
+``n + 1``'s ``Q K^T``, mask, ``Ag_<`` and ``P`` before chunk ``n``'s read-out. The exact
+happens-before models of both orders are in
+``tests/pallas_kernels/mosaic_protocol_rs_maps_x_test.py``.
 
 Interpret mode (CPU, tests): the Mosaic GPU interpreter's ``wgmma`` takes SMEM refs only and
 has no ``run_state``, so register operands and transposed views go through SMEM copies
@@ -103,12 +107,12 @@ RS_ABLATIONS = ("full", "state", "readout")
 # publishes S and v_new untransposed (stores through a transposed view, jax >= 0.11 only) and
 # TMA-stores the published tiles themselves (no staging: three stages fit).
 RS_RESIDUAL_FROM = ("output", "state")
-# The output warpgroup's order per chunk (MOSAIC_GPU.md Sec. 64; a timing choice, same values bit for
-# bit): "joint" (default), chunk n's Ag_< (ag_ready) and P are formed after the read-out of chunk
-# n - 1, so the state warpgroup's W ag_ready[n] waits for that read-out (the edge that couples the
-# two warpgroups); "ag_ahead", the output warpgroup forms chunk n + 1's Q K^T, mask, Ag_<
-# (ag_ready[n + 1]) and P before it waits s_ready[n] for chunk n's read-out (a software pipeline
-# of one chunk; P carried in registers), so the state chain waits only for the ring and s_free.
+# The output warpgroup's order per chunk (MOSAIC_GPU.md Sec. 64; a timing choice, same values bit
+# for bit): "joint" (default), chunk n's Ag_< (ag_ready) and P are formed after the read-out of
+# chunk n - 1, so the state warpgroup's W ag_ready[n] waits for that read-out (the edge that
+# couples the two warpgroups); "ag_ahead", the output warpgroup forms chunk n + 1's Q K^T, mask,
+# Ag_< (ag_ready[n + 1]) and P before it waits s_ready[n] for chunk n's read-out (a software
+# pipeline of one chunk; P carried in registers), so the state chain waits for read-out n - 2.
 RS_PROTOCOLS = ("joint", "ag_ahead")
 _LOG2E = 1.4426950408889634
 _SMEM_LIMIT = 227 * 1024  # Hopper's dynamic SMEM per block

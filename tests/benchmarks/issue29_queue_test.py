@@ -309,7 +309,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_profile_fwd_flags_parse(self):
         argvs = self._calls("benchmarks/profile_fwd.py")
-        self.assertLen(argvs, 3)  # prof_split, then rs_prof's two (fused_rs, fused_t0)
+        self.assertLen(argvs, 4)  # prof_split, rs_prof's two (fused_rs, fused_t0), rs_proto
         parsed = []
         for argv in argvs:
             result = _python(_PROFILE_FWD, argv)
@@ -321,6 +321,11 @@ class Issue29QueueTest(absltest.TestCase):
                                                 "gdn_chunk_delta_fused_rs_fwd_s3_abl_readout",
                                                 "gdn_chunk_delta_fused_rs_fwd_s3"])
         self.assertEqual((parsed[2]["split"], parsed[2]["variants"]), ({}, ["full"]))
+        # rs_proto (Sec. 64): the ablations of protocol="ag_ahead", three stages
+        self.assertEqual(parsed[3]["split"], {"rs_stages": 3, "rs_protocol": "ag_ahead"})
+        self.assertEqual(parsed[3]["kernels"], ["gdn_chunk_delta_fused_rs_fwd_s3_ah_abl_state",
+                                                "gdn_chunk_delta_fused_rs_fwd_s3_ah_abl_readout",
+                                                "gdn_chunk_delta_fused_rs_fwd_s3_ah"])
         parsed = parsed[0]  # prof_split
         self.assertEqual(parsed["split"], dict(split_output=True, split_order="state_ag",
                                                split_stages=3))

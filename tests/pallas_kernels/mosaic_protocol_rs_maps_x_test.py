@@ -310,6 +310,7 @@ def rs_protocol(depth, num_chunks, store_h=False, store_v_new=False, residual_fr
     st.fence()
     st.tma_store("stage", num_chunks)
     st.wait_stores(0, read_only=False)
+
     # output: rs.py:349-480; protocol="ag_ahead" (Sec. 64): prepare(n + 1) before finish(n)
     def prepare(n):  # W in_bar, Q K^T with form_ag under it (prepare / state_only_prepare)
         slot = n % depth
