@@ -95,7 +95,7 @@
 #               fused_rs with a two-stage ring, then its gpu tests (decision rule in Sec. 56)
 #   rs_prof 170 Sec. 56: fused_rs's stage ablations (state, readout, full; profile_fwd.py
 #               --rs_stages=3) and fused_t0's full at S1, ptxas lines (the rule's next step)
-#   rs_proto 590  Sec. 64: fused_rs with protocol="ag_ahead" (the output warpgroup prepares chunk
+#   rs_proto 560  Sec. 64: fused_rs with protocol="ag_ahead" (the output warpgroup prepares chunk
 #               n + 1's Ag before chunk n's read-out) against the default "joint": S1 fwd, jla
 #               beside joint (2 stages) and ag_ahead (3 stages) in two processes, ag_ahead with 2
 #               stages in a third; profile_fwd's ablations of ag_ahead (3 stages); then the gpu
@@ -174,7 +174,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
   lgt_ftests) echo 200;; dhw) echo 420;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
-  rs) echo 550;; rs_prof) echo 170;; rs_proto) echo 590;; rs_res) echo 550;; rs_res_st) echo 300;;
+  rs) echo 550;; rs_prof) echo 170;; rs_proto) echo 560;; rs_res) echo 550;; rs_res_st) echo 300;;
   mapsx) echo 540;; rs_pieces) echo 520;; kda_local) echo 520;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -771,7 +771,7 @@ run_rs_proto() {  # Sec. 64: fused_rs's protocol ag_ahead against joint at S1 fw
     > $O/rs_proto/prof.log 2>&1
   echo "ag_ahead ablations rc=$? t=$((SECONDS-s))s"
   grep -a -h -E '^\| ' $O/rs_proto/prof.md | cut -c1-220
-  timeout $((580 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+  timeout $((550 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
     $T/kernel_mosaic_gdn_rs_test.py > $O/rs_proto/tests.log 2>&1
   echo "gpu tests rc=$? t=$((SECONDS-s))s"
   grep -a -E 'fused_rs|passed|failed|FAILED|Error' $O/rs_proto/tests.log | cut -c1-250 | tail -30
