@@ -613,6 +613,12 @@ class ProtocolTest(parameterized.TestCase):
                     freed = (1, nth(out, ("A", "s_free", m % 2), m // 2))
                     self.assertEqual(hb(freed, wait_ag), n - m >= behind,
                                      msg=f"{protocol}: read-out {m} before W ag_ready[{n}]")
+                # W s_free[n - 2] (chunk n's first wait) is implied under "joint" by the
+                # state's own earlier W ag_ready[n - 1]: a third published buffer would relax
+                # nothing there; under "ag_ahead" it is a wait of its own.
+                prev_ag = (0, nth(state, ("W", "ag_ready", (n - 1) % depth), (n - 1) // depth))
+                freed = (1, nth(out, ("A", "s_free", n % 2), (n - 2) // 2))
+                self.assertEqual(hb(freed, prev_ag), protocol == "joint", msg=protocol)
 
     def test_maps_x_protocol_is_safe(self):
         # Blocks with both chains and with one (K != V), with and without piece_skip at every
