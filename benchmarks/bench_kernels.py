@@ -39,7 +39,9 @@ another order of the output warpgroup (the default is ``readout_first``; Sec. 16
 layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the read-out's
 ``Q S_c`` on its own barrier (Sec. 40).
 ``--mosaic_forward=fused_rs`` times the primal-only forward with the state in registers (Sec. 56;
-``--mosaic_rs_stages=2`` its two-stage ring; under differentiation it runs ``fused_t0``, or
+``--mosaic_rs_stages=2`` its two-stage ring, ``--mosaic_rs_protocol=ag_ahead`` the read-out
+of chunk ``n`` after chunk ``n + 1``'s ``Ag``, Sec. 64; under differentiation it runs
+``fused_t0``, or
 with ``--mosaic_rs_residuals`` its own residual form, which stores ``h`` and ``v_new``, Sec. 58;
 ``--mosaic_rs_residual_from=state`` the form that stores the published tiles, Sec. 58.5;
 ``--mosaic_rs_pieces`` its kernel on the sequence pieces of rows with few CTAs, S2 and P1,
@@ -131,6 +133,13 @@ _MOSAIC_RS_STAGES = flags.DEFINE_integer(
     "ring (chunk_delta_fused_rs_fwd_mosaic's stages=, 2 or 3), set in mosaic_vjp.RS_OPTIONS "
     "for this process; unset: the deepest that fits in SMEM (3; MOSAIC_GPU.md Sec. 56). "
     "Recorded with every mosaic gdn / deltanet record (mosaic_rs_stages).")
+_MOSAIC_RS_PROTOCOL = flags.DEFINE_enum(
+    "mosaic_rs_protocol", None, ["joint", "ag_ahead"],
+    "Peer mosaic, ops gdn / deltanet, --mosaic_forward=fused_rs: the output warpgroup's order "
+    "(chunk_delta_fused_rs_fwd_mosaic's protocol=, kernel_mosaic_gpu_rs.RS_PROTOCOLS, set in "
+    "mosaic_vjp.RS_OPTIONS for this process): joint (the default) or ag_ahead (chunk n + 1's "
+    "Q K^T, mask, Ag and P before chunk n's read-out; MOSAIC_GPU.md Sec. 64). Recorded with "
+    "every mosaic gdn / deltanet record (mosaic_rs_protocol).")
 _MOSAIC_RS_RESIDUALS = flags.DEFINE_bool(
     "mosaic_rs_residuals", None,
     "Peer mosaic, ops gdn / deltanet, --mosaic_forward=fused_rs: sets mosaic_vjp.RS_RESIDUALS "
@@ -696,6 +705,19 @@ def _check_mosaic_rs_stages():
     mosaic_vjp.RS_OPTIONS["stages"] = value
 
 
+def _check_mosaic_rs_protocol():
+    """``--mosaic_rs_protocol`` where it would apply, before anything runs (peer mosaic, op gdn
+    or deltanet, ``--mosaic_forward=fused_rs``), then set ``mosaic_vjp.RS_OPTIONS["protocol"]``
+    (removed when the flag is unset)."""
+    from pallas_kernels.gated_delta_rule import mosaic_vjp
+    value = _MOSAIC_RS_PROTOCOL.value
+    mosaic_vjp.RS_OPTIONS.pop("protocol", None)
+    if value is None:
+        return
+    _require_gdn_fused_rs(f"--mosaic_rs_protocol={value}")
+    mosaic_vjp.RS_OPTIONS["protocol"] = value
+
+
 def _check_mosaic_rs_residuals():
     """``--mosaic_rs_residuals`` where it would apply, before anything runs (peer mosaic, op gdn
     or deltanet, ``--mosaic_forward=fused_rs``), then set ``mosaic_vjp.RS_RESIDUALS`` (the
@@ -1125,6 +1147,8 @@ def run_jax(records):
                                     and not mosaic_vjp.RS_RESIDUALS):
                                 rec["mosaic_forward_run"] = "fused_t0"  # no residuals (Sec. 56)
                             rec["mosaic_rs_stages"] = mosaic_vjp.RS_OPTIONS.get("stages")
+                            rec["mosaic_rs_protocol"] = mosaic_vjp.RS_OPTIONS.get(
+                                "protocol", "joint")  # Sec. 64
                             rec["mosaic_rs_residuals"] = mosaic_vjp.RS_RESIDUALS  # Sec. 58
                             rec["mosaic_rs_pieces"] = mosaic_vjp.RS_PIECES  # Sec. 60
                             rec["mosaic_rs_residual_from"] = mosaic_vjp.RS_OPTIONS.get(
@@ -1569,6 +1593,7 @@ def main(argv):
     _check_mosaic_gla_residual_h()
     _check_mosaic_gla_stages()
     _check_mosaic_rs_stages()
+    _check_mosaic_rs_protocol()
     _check_mosaic_rs_residuals()
     _check_mosaic_rs_pieces()
     _check_mosaic_backward()

@@ -104,7 +104,9 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 (``kernel_mosaic_gpu_rs``, the primal only; Sec. 56), ``gdn_fused_rs_res`` (its residual
 form in the training step, ``mosaic_vjp.RS_RESIDUALS`` on: ``store_h``, ``store_v_new``;
 Sec. 58; ``gdn_fused_rs_res_st`` with ``residual_from="state"``, Sec. 58.5, jax >= 0.11 only:
-``offline_ptxas_jax011.py``), ``gdn_fused_rs_pieces:infer`` / ``gdn_fused_rs_pieces_res``
+``offline_ptxas_jax011.py``), ``gdn_fused_rs_ah:infer`` / ``gdn_fused_rs_ah_s3:infer``
+(``protocol="ag_ahead"``, two and three stages; ``gdn_fused_rs_s3:infer`` the default protocol
+at three; Sec. 64), ``gdn_fused_rs_pieces:infer`` / ``gdn_fused_rs_pieces_res``
 (``mosaic_vjp.RS_PIECES``: the same kernel as the sequence pieces' last launch, ``pieces=P``,
 rows with few CTAs only, e.g. ``--batch=1 --seq_len=32768``; ``_res`` with ``RS_RESIDUALS`` in
 the training step; Sec. 60), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
@@ -610,6 +612,11 @@ OP_KERNELS = {
     # its residual form in the training step (mosaic_vjp.RS_RESIDUALS on, MOSAIC_GPU.md
     # Sec. 58): stores h and v_new, kernel ..._fused_rs_fwd_s2_res at K = 128
     "gdn_fused_rs_res": ("gdn", "fused_rs_res", ("gdn_chunk_delta_fused_rs_fwd*",)),
+    # the primal with protocol="ag_ahead" (MOSAIC_GPU.md Sec. 64), two stages (PRIMAL_STAGES)
+    # and three; "gdn_fused_rs_s3" the default protocol with three stages (":infer")
+    "gdn_fused_rs_ah": ("gdn", "fused_rs_ah", ("gdn_chunk_delta_fused_rs_fwd*",)),
+    "gdn_fused_rs_ah_s3": ("gdn", "fused_rs_ah_s3", ("gdn_chunk_delta_fused_rs_fwd*",)),
+    "gdn_fused_rs_s3": ("gdn", "fused_rs_s3", ("gdn_chunk_delta_fused_rs_fwd*",)),
     # ... with residual_from="state" (Sec. 58.5: no staging tiles; lowers on jax >= 0.11 only)
     "gdn_fused_rs_res_st": ("gdn", "fused_rs_res_st", ("gdn_chunk_delta_fused_rs_fwd*",)),
     # fused_rs as the sequence pieces' last launch (mosaic_vjp.RS_PIECES, MOSAIC_GPU.md
@@ -821,7 +828,11 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
                "fused_rs_pieces_res": "fused_rs_res"}.get(forward, forward)
     rs_res = forward in ("fused_rs_res", "fused_rs_res_st")  # RS_RESIDUALS (Sec. 58)
     rs_from = {"residual_from": "state"} if forward == "fused_rs_res_st" else {}
-    forward = "fused_rs" if rs_res else forward
+    # RS_OPTIONS of the primal's timing variants (Sec. 64): protocol and ring depth
+    rs_from.update({"fused_rs_ah": dict(protocol="ag_ahead"),
+                    "fused_rs_ah_s3": dict(protocol="ag_ahead", stages=3),
+                    "fused_rs_s3": dict(stages=3)}.get(forward, {}))
+    forward = "fused_rs" if rs_res or forward.startswith("fused_rs_") else forward
     spec = jax.ShapeDtypeStruct
     dt = jnp.dtype(dtype)
     qk = spec((batch, seq_len, kv_heads or heads, dk), dt)

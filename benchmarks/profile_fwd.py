@@ -101,7 +101,7 @@ def _define_flags() -> None:
     the same names in absl's global registry, and the tests import several of them)."""
     global _BATCH, _SEQ_LEN, _HEADS, _KV_HEADS, _DK, _DV, _DTYPE, _DOCS, _VARIANTS, _ITERS
     global _CHECK_HEADS, _SM_COUNT, _CTAS_PER_SM, _CLOCK_GHZ, _DEADLINE_S, _INTERPRET
-    global _STATIC, _OUT, _SPLIT_ORDER, _SPLIT_STAGES, _RS_STAGES
+    global _STATIC, _OUT, _SPLIT_ORDER, _SPLIT_STAGES, _RS_STAGES, _RS_PROTOCOL
     from benchmarks import common
     shared = common.define_profile_flags(
         heads_help="Value heads H.", dtype_help="q, k, v dtype.",
@@ -131,6 +131,10 @@ def _define_flags() -> None:
         "rs_stages", 0, "If > 0, profile the fused_rs kernel (kernel_mosaic_gpu_rs, MOSAIC_GPU.md "
         "Sec. 56) with this TMA ring depth (2 or 3; --variants from its RS_ABLATIONS: state, "
         "readout, full; default full) instead of the fused T0 kernels; not with --split_order.")
+    _RS_PROTOCOL = flags.DEFINE_enum(
+        "rs_protocol", "joint", ["joint", "ag_ahead"], "With --rs_stages: the fused_rs "
+        "kernel's protocol= (kernel_mosaic_gpu_rs.RS_PROTOCOLS; ag_ahead: the output warpgroup "
+        "prepares chunk n + 1 before chunk n's read-out, MOSAIC_GPU.md Sec. 64).")
 
 
 class VariantError(ValueError):
@@ -184,15 +188,23 @@ def parse_split(split_order: str, split_stages: int) -> Dict:
     return dict(split_output=True, split_order=split_order, split_stages=split_stages)
 
 
-def parse_rs(rs_stages: int, split_order: str, variants: Sequence[str]) -> Dict:
-    """The options of ``--rs_stages`` (``{}`` when 0): ``{"rs_stages": N}``.
+def parse_rs(rs_stages: int, split_order: str, variants: Sequence[str],
+             protocol: str = "joint") -> Dict:
+    """The options of ``--rs_stages`` (``{}`` when 0): ``{"rs_stages": N}``, plus
+    ``"rs_protocol"`` when ``--rs_protocol`` is not ``joint`` (MOSAIC_GPU.md Sec. 64).
 
     Raises:
       VariantError: a depth not in ``kernel_mosaic_gpu_rs.RS_STAGES``, with ``--split_order``,
-        or a ``variants`` entry not in ``kernel_mosaic_gpu_rs.RS_ABLATIONS`` or repeated.
+        or a ``variants`` entry not in ``kernel_mosaic_gpu_rs.RS_ABLATIONS`` or repeated; a
+        ``protocol`` not in ``kernel_mosaic_gpu_rs.RS_PROTOCOLS``, or other than ``joint``
+        without ``--rs_stages``.
     """
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
+    if protocol not in krs.RS_PROTOCOLS:
+        raise VariantError(f"--rs_protocol={protocol}: not in {krs.RS_PROTOCOLS}")
     if not rs_stages:
+        if protocol != "joint":
+            raise VariantError(f"--rs_protocol={protocol} applies to --rs_stages only")
         return {}
     if rs_stages not in krs.RS_STAGES:
         raise VariantError(f"--rs_stages={rs_stages}: not in {krs.RS_STAGES}")
@@ -203,7 +215,7 @@ def parse_rs(rs_stages: int, split_order: str, variants: Sequence[str]) -> Dict:
         if text not in krs.RS_ABLATIONS or text in variants[:i]:
             raise VariantError(f"--rs_stages={rs_stages}: --variants entry {text!r} is not one "
                                f"of {krs.RS_ABLATIONS} or is repeated")
-    return {"rs_stages": rs_stages}
+    return {"rs_stages": rs_stages, **({} if protocol == "joint" else {"rs_protocol": protocol})}
 
 
 def kernel_name(stages: str, split: Dict) -> str:
@@ -212,7 +224,8 @@ def kernel_name(stages: str, split: Dict) -> str:
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_rs as krs
     if "rs_stages" in split:
-        return krs.rs_kernel_name(split["rs_stages"], stages)
+        return krs.rs_kernel_name(split["rs_stages"], stages,
+                                  protocol=split.get("rs_protocol", "joint"))
     return kfused.fused_t0_kernel_name(stages=stages, **split)
 
 
@@ -363,7 +376,8 @@ def _kernel_fn(stages: str, scale: float, interpret: bool, split: Optional[Dict]
     if "rs_stages" in split:  # --rs_stages: fused_rs's kernel and its ablations
         return jax.jit(lambda q, k, v, t0, g, beta, seg: krs.chunk_delta_fused_rs_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, segment_ids=seg, interpret=interpret,
-            stages=split["rs_stages"], ablation=stages))
+            stages=split["rs_stages"], ablation=stages,
+            protocol=split.get("rs_protocol", "joint")))
     return jax.jit(lambda q, k, v, t0, g, beta, seg: kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, segment_ids=seg, stages=stages,
         interpret=interpret, **split)[:2])
@@ -371,7 +385,8 @@ def _kernel_fn(stages: str, scale: float, interpret: bool, split: Optional[Dict]
 
 def _kernel_label(split: Dict) -> str:
     if "rs_stages" in split:
-        return (f"fused_rs forward kernel (S^T in registers, {split['rs_stages']} ring stages: "
+        return (f"fused_rs forward kernel (S^T in registers, {split['rs_stages']} ring stages, "
+                f"protocol {split.get('rs_protocol', 'joint')}: "
                 f"{kernel_name('full', split)})")
     if not split:
         return "Fused T0 forward kernel (two warpgroups)"
@@ -457,9 +472,11 @@ def _static_main(variants: Sequence[str], args, scale: float, env: Dict, shape: 
 
 def _split_fields(split: Dict) -> Dict:
     """A record's ``split_order`` (``None``: two warpgroups), ``split_stages`` and
-    ``rs_stages`` (``None`` unless ``--rs_stages``)."""
+    ``rs_stages`` (``None`` unless ``--rs_stages``) and ``rs_protocol`` (with it)."""
     return dict(split_order=split.get("split_order"),
-                split_stages=split.get("split_stages", 2), rs_stages=split.get("rs_stages"))
+                split_stages=split.get("split_stages", 2), rs_stages=split.get("rs_stages"),
+                **({"rs_protocol": split.get("rs_protocol", "joint")}
+                   if "rs_stages" in split else {}))
 
 
 def selected_variants() -> Tuple[Dict, List[str]]:
@@ -472,9 +489,10 @@ def selected_variants() -> Tuple[Dict, List[str]]:
     Raises:
       VariantError: as :func:`parse_split`, :func:`parse_variants` and :func:`parse_rs`.
     """
-    if _RS_STAGES.value:  # the fused_rs kernel: "full" unless --variants says otherwise
+    if _RS_STAGES.value or _RS_PROTOCOL.value != "joint":  # the fused_rs kernel: "full"
+        # unless --variants says otherwise
         texts = [t.strip() for t in _VARIANTS.value] if _VARIANTS.present else ["full"]
-        return parse_rs(_RS_STAGES.value, _SPLIT_ORDER.value, texts), texts
+        return parse_rs(_RS_STAGES.value, _SPLIT_ORDER.value, texts, _RS_PROTOCOL.value), texts
     split = parse_split(_SPLIT_ORDER.value, _SPLIT_STAGES.value)
     texts = SPLIT_DEFAULT_VARIANTS if split and not _VARIANTS.present else _VARIANTS.value
     return split, parse_variants(texts, _SPLIT_ORDER.value)

@@ -95,6 +95,11 @@
 #               fused_rs with a two-stage ring, then its gpu tests (decision rule in Sec. 56)
 #   rs_prof 170 Sec. 56: fused_rs's stage ablations (state, readout, full; profile_fwd.py
 #               --rs_stages=3) and fused_t0's full at S1, ptxas lines (the rule's next step)
+#   rs_proto 560  Sec. 64: fused_rs with protocol="ag_ahead" (the output warpgroup prepares chunk
+#               n + 1's Ag before chunk n's read-out) against the default "joint": S1 fwd, jla
+#               beside joint (2 stages) and ag_ahead (3 stages) in two processes, ag_ahead with 2
+#               stages in a third; profile_fwd's ablations of ag_ahead (3 stages); then the gpu
+#               tests of kernel_mosaic_gdn_rs_test.py (decision rule in Sec. 64)
 #   mapsx 540   Sec. 57: GDN at S2 and P1, fwd and fwd+bwd, the pieces' maps and passes from zero
 #               in one launch (--mosaic_maps_carry_x, jla beside) and not, then at P1 with
 #               --mosaic_piece_skip as well, three processes; then MapsCarryXGpuTest (decision
@@ -169,7 +174,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   dvn_hf) echo 420;;
   tab_gdn|tab_lgt|tab_kda|tab_gdn2) echo 335;; tab_dn|lgt_fused) echo 455;; tab_fla) echo 500;;
   lgt_ftests) echo 200;; dhw) echo 420;; mix) echo 470;; pskip) echo 420;; lgt_rh) echo 400;; lgt_st) echo 320;;
-  rs) echo 550;; rs_prof) echo 170;; rs_res) echo 550;; rs_res_st) echo 300;;
+  rs) echo 550;; rs_prof) echo 170;; rs_proto) echo 560;; rs_res) echo 550;; rs_res_st) echo 300;;
   mapsx) echo 540;; rs_pieces) echo 520;; kda_local) echo 520;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -741,6 +746,35 @@ run_rs_prof() {  # Sec. 56: where fused_rs's time goes (state alone, read-out al
   grep -a -h -E '^\| ' $O/rs_prof/*.md | cut -c1-220
   grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs_prof/rs.log \
     | sort -u | head -6 | cut -c1-300
+}
+run_rs_proto() {  # Sec. 64: fused_rs's protocol ag_ahead against joint at S1 fwd, jla beside
+  mkdir -p $O/rs_proto; local s=$SECONDS
+  local b="python3 benchmarks/bench_kernels.py --ops=gdn --mosaic_forward=fused_rs --passes=fwd"
+  b="$b --shapes=S1 --breakdown_top=16 --iters=30 --warmup=5"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 $b --peers=jla,mosaic --out=$O/rs_proto/joint \
+    > $O/rs_proto/joint.log 2>&1
+  echo "S1 jla,fused_rs joint (2 stages) rc=$? t=$((SECONDS-s))s"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 110 $b --peers=jla,mosaic --mosaic_rs_protocol=ag_ahead \
+    --mosaic_rs_stages=3 --out=$O/rs_proto/ah3 > $O/rs_proto/ah3.log 2>&1
+  echo "S1 jla,fused_rs ag_ahead 3 stages rc=$? t=$((SECONDS-s))s"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 90 $b --peers=mosaic --mosaic_rs_protocol=ag_ahead \
+    --mosaic_rs_stages=2 --out=$O/rs_proto/ah2 > $O/rs_proto/ah2.log 2>&1
+  echo "S1 fused_rs ag_ahead 2 stages rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/rs_proto/*.log | cut -c1-300
+  grep -a -h -E 'fused_rs.*(egisters|spill)|(egisters|spill).*fused_rs' $O/rs_proto/*.log \
+    | sort -u | head -6 | cut -c1-300
+  grep -a -h -o '"mosaic_rs_stages": [^,]*\|"mosaic_rs_protocol": "[^"]*"' $O/rs_proto/*.log \
+    | paste - -
+  gdn_show $O/rs_proto/*.log
+  timeout 100 python3 benchmarks/profile_fwd.py --rs_stages=3 --rs_protocol=ag_ahead \
+    --variants=state,readout,full --deadline_s=90 --out=$O/rs_proto/prof \
+    > $O/rs_proto/prof.log 2>&1
+  echo "ag_ahead ablations rc=$? t=$((SECONDS-s))s"
+  grep -a -h -E '^\| ' $O/rs_proto/prof.md | cut -c1-220
+  timeout $((550 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    $T/kernel_mosaic_gdn_rs_test.py > $O/rs_proto/tests.log 2>&1
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  grep -a -E 'fused_rs|passed|failed|FAILED|Error' $O/rs_proto/tests.log | cut -c1-250 | tail -30
 }
 run_mapsx() {  # Sec. 57: M_p and X_p in one launch (no summary launch), on and off, + skip
   mkdir -p $O/mapsx; local s=$SECONDS

@@ -63,7 +63,11 @@ issued with ``S^T K^T`` instead.
 
 Barriers and why nothing deadlocks: those of ``kernel_mosaic_gpu_fused._split_t0_kernel`` in
 its ``"shared_mask"`` order (``in_bar``/``in_free`` per ring stage, ``ag_ready`` per stage,
-``s_ready``/``s_free`` per published half; ``_SPLIT_PROTOCOL`` there).
+``s_ready``/``s_free`` per published half; ``_SPLIT_PROTOCOL`` there). ``protocol="ag_ahead"``
+(:data:`RS_PROTOCOLS`, MOSAIC_GPU.md Sec. 64) only reorders the output warpgroup: chunk
+``n + 1``'s ``Q K^T``, mask, ``Ag_<`` and ``P`` before chunk ``n``'s read-out. The exact
+happens-before models of both orders are in
+``tests/pallas_kernels/mosaic_protocol_rs_maps_x_test.py``.
 
 Interpret mode (CPU, tests): the Mosaic GPU interpreter's ``wgmma`` takes SMEM refs only and
 has no ``run_state``, so register operands and transposed views go through SMEM copies
@@ -103,6 +107,13 @@ RS_ABLATIONS = ("full", "state", "readout")
 # publishes S and v_new untransposed (stores through a transposed view, jax >= 0.11 only) and
 # TMA-stores the published tiles themselves (no staging: three stages fit).
 RS_RESIDUAL_FROM = ("output", "state")
+# The output warpgroup's order per chunk (MOSAIC_GPU.md Sec. 64; a timing choice, same values bit
+# for bit): "joint" (default), chunk n's Ag_< (ag_ready) and P are formed after the read-out of
+# chunk n - 1, so the state warpgroup's W ag_ready[n] waits for that read-out (the edge that
+# couples the two warpgroups); "ag_ahead", the output warpgroup forms chunk n + 1's Q K^T, mask,
+# Ag_< (ag_ready[n + 1]) and P before it waits s_ready[n] for chunk n's read-out (a software
+# pipeline of one chunk; P carried in registers), so the state chain waits for read-out n - 2.
+RS_PROTOCOLS = ("joint", "ag_ahead")
 _LOG2E = 1.4426950408889634
 _SMEM_LIMIT = 227 * 1024  # Hopper's dynamic SMEM per block
 _BARRIER_BYTES = 1024  # the barriers' SMEM, rounded up
@@ -144,13 +155,16 @@ def rs_ring_depth(dk: int, dtype, store_h: bool = False, store_v_new: bool = Fal
 
 
 def rs_kernel_name(depth: int, ablation: str = "full", store_h: bool = False,
-                   store_v_new: bool = False, residual_from: str = "output") -> str:
+                   store_v_new: bool = False, residual_from: str = "output",
+                   protocol: str = "joint") -> str:
     """The kernel's name (profiles list it apart): ``gdn_chunk_delta_fused_rs_fwd_s<depth>``,
     plus ``_abl_<ablation>`` for an ablation other than ``"full"``, plus ``_res`` for the
     residual form (``store_h``; MOSAIC_GPU.md Sec. 58) or ``_vn`` (``store_v_new`` alone), then
-    ``_st`` with ``residual_from="state"``."""
+    ``_st`` with ``residual_from="state"``; ``_ah`` right after ``_s<depth>`` with
+    ``protocol="ag_ahead"``."""
     stores = store_h or store_v_new
     return f"gdn_chunk_delta_fused_rs_fwd_s{depth}" + (
+        "_ah" if protocol == "ag_ahead" else "") + (
         "" if ablation == "full" else f"_abl_{ablation}") + (
         "_res" if store_h else "_vn" if store_v_new else "") + (
         "_st" if stores and residual_from == "state" else "")
@@ -176,7 +190,8 @@ def _acc_plus(init, lhs, rhs, interpret: bool):
 def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref, *rest,
                num_chunks: int, group: int, scale: float, has_h0: bool, depth: int,
                interpret: bool, ablation: str = "full", store_h: bool = False,
-               store_v_new: bool = False, residual_from: str = "output", pieces: int = 1):
+               store_v_new: bool = False, residual_from: str = "output", pieces: int = 1,
+               protocol: str = "joint"):
     """Kernel body of :func:`chunk_delta_fused_rs_fwd_mosaic` (module docstring); refs are GMEM.
 
     ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch: the ring
@@ -196,6 +211,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
     grid's rows are ``P`` sequence pieces of ``num_chunks`` chunks per batch row, each from its
     own entry state (``h0_ref`` per piece); only ``h``'s indices change: batch row ``b // P``,
     global chunk ``(b mod P) num_chunks + n`` (as ``kernel_mosaic_gpu_fused._fused_t0_kernel``).
+    ``protocol``: :data:`RS_PROTOCOLS` (the output warpgroup's order only).
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -386,14 +402,17 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             plgpu.barrier_arrive(ag_ready.at[slot])
             return decay, g_i
 
-        def state_only_step(n, carry):  # ablation="state": Ag for the chain, no read-out
-            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+        def state_only_prepare(n):  # ablation="state": Ag for the chain, no read-out
+            slot = lax.rem(n, depth)
             plgpu.barrier_wait(in_bar.at[slot])
             form_ag(slot)
+            return jnp.int32(0)
+
+        def state_only_finish(n, carry):
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
             plgpu.barrier_wait(s_ready.at[half])
             plgpu.barrier_arrive(s_free.at[half])
             plgpu.barrier_arrive(in_free.at[slot])
-            return carry
 
         stores = (store_h or store_v_new) and not res_state  # this warpgroup's stores
         if stores and not (interpret or TRANSPOSED_V_LOAD):  # jax 0.10.2: S, v_new as I S
@@ -443,9 +462,10 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
                 plgpu.copy_smem_to_gmem(vr_s.at[half], vn_ref.at[b, rows, h, cols],
                                         commit_group=False)
 
-        def step(n, carry):
-            slot, half = lax.rem(n, depth), lax.rem(n, 2)
-            rows = pl.ds(n * CHUNK, CHUNK)
+        def prepare(n):
+            """Chunk ``n`` up to ``s_ready``: ``Q K^T``, under it the mask and ``Ag_<``
+            (``ag_ready``); returns ``P`` (16 bits, registers) and the rows of ``G``."""
+            slot = lax.rem(n, depth)
             plgpu.barrier_wait(in_bar.at[slot])
             k_t = mgl.transposed(k_s.at[slot], kt1_s, interpret)
 
@@ -456,7 +476,14 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
                 return acc[...], decay, g_i
 
             qk, decay, g_i = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
-            p_op = mgl.lhs_operand((qk * decay).astype(dtype), p_s, interpret)  # P, registers
+            return (qk * decay).astype(dtype), g_i  # P, the rows of G (log2 units)
+
+        def finish(n, prepared):
+            """Chunk ``n``'s read-out from ``s_ready`` on, ``prepared`` = ``prepare(n)``."""
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            p, g_i = prepared
+            p_op = mgl.lhs_operand(p, p_s, interpret)  # P, registers
             q_decay = jnp.exp2(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             plgpu.barrier_wait(s_ready.at[half])
             if res_state:  # published untransposed
@@ -489,9 +516,23 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
             o_s.at[half][...] = o.astype(o_s.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
-            return carry
 
-        lax.fori_loop(0, num_chunks, state_only_step if ablation == "state" else step, 0)
+        prep, fin = ((state_only_prepare, state_only_finish) if ablation == "state"
+                     else (prepare, finish))
+        if protocol == "joint":  # chunk n prepared after chunk n - 1's read-out
+            def step(n, carry):
+                fin(n, prep(n))
+                return carry
+
+            lax.fori_loop(0, num_chunks, step, 0)
+        else:  # "ag_ahead": chunk n + 1 prepared before chunk n's read-out (Sec. 64)
+            def step_ahead(n, p):
+                p_next = prep(n + 1)
+                fin(n, p)
+                return p_next
+
+            p = lax.fori_loop(0, num_chunks - 1, step_ahead, prep(0))
+            fin(num_chunks - 1, p)
         plgpu.wait_smem_to_gmem(0)
 
     # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
@@ -501,7 +542,7 @@ def _rs_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, 
 
 @functools.partial(jax.jit, static_argnames=("scale", "interpret", "stages", "ablation",
                                              "store_h", "store_v_new", "residual_from",
-                                             "pieces"))
+                                             "pieces", "protocol"))
 def chunk_delta_fused_rs_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -522,6 +563,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
     store_v_new: bool = False,
     residual_from: str = "output",
     pieces: int = 1,
+    protocol: str = "joint",
 ) -> Tuple[jax.Array, ...]:
     """The forward of the gated delta rule from ``T0`` with ``S^T`` in registers (module
     docstring): ``o`` and the final state, and in the residual form (``store_h`` /
@@ -587,6 +629,11 @@ def chunk_delta_fused_rs_fwd_mosaic(
             the final states stay per piece row). Used by
             :func:`pallas_kernels.gated_delta_rule.mosaic_vjp.gated_delta_rule_mosaic` with
             ``RS_PIECES`` on rows with few CTAs (MOSAIC_GPU.md Sec. 60).
+        protocol: static, one of :data:`RS_PROTOCOLS` (a timing choice, same values bit for
+            bit, every form and ablation): ``"joint"`` (default) or ``"ag_ahead"``, the output
+            warpgroup prepares chunk ``n + 1`` (``Q K^T``, mask, ``Ag_<``, ``P``) before chunk
+            ``n``'s read-out, so the state chain no longer waits for a read-out on
+            ``ag_ready`` (MOSAIC_GPU.md Sec. 64; kernel name suffix ``_ah``).
 
     Returns:
         ``(o, final_state)`` without stores: ``o`` ``[B, T, H, V]`` in v's dtype,
@@ -637,6 +684,8 @@ def chunk_delta_fused_rs_fwd_mosaic(
     if pieces > 1 and seq_len % CHUNK:
         raise ValueError(f"pieces={pieces}: each piece must be a whole number of chunks of "
                          f"{CHUNK} tokens, got T = {seq_len} per piece")
+    if protocol not in RS_PROTOCOLS:
+        raise ValueError(f"protocol must be one of {RS_PROTOCOLS}, got {protocol!r}")
     if pieces > 1 and ablation != "full":
         raise ValueError(f"pieces={pieces} with ablation={ablation!r}: the ablations time "
                          "whole rows only")
@@ -694,7 +743,8 @@ def chunk_delta_fused_rs_fwd_mosaic(
                                **({"store_h": True} if store_h else {}),
                                **({"store_v_new": True} if store_v_new else {}),
                                **({"residual_from": "state"} if res_state else {}),
-                               **({"pieces": pieces} if pieces > 1 else {}))
+                               **({"pieces": pieces} if pieces > 1 else {}),
+                               **({"protocol": protocol} if protocol != "joint" else {}))
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads, dv, dk), jnp.float32)]  # final S^T
     if store_v_new:
@@ -712,7 +762,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
         thread_name="wg",
         compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=rs_kernel_name(depth, ablation, *res),
+        kernel_name=rs_kernel_name(depth, ablation, *res, protocol=protocol),
     )
     # The kernel carries S^T: [B, H, V, K] in and out (transposed here, in XLA).
     h0 = () if initial_state is None else (

@@ -183,8 +183,9 @@ MAPS_CARRY_X = False
 DEFAULT_FORWARD = "fused_rs"
 # Keyword arguments of kernel_mosaic_gpu_rs.chunk_delta_fused_rs_fwd_mosaic at the op's call
 # (forward="fused_rs"): empty, the defaults. For timing variants only (bench_kernels.py
-# --mosaic_rs_stages sets stages, --mosaic_rs_residual_from residual_from, which only the
-# residual form reads; read at trace time).
+# --mosaic_rs_stages sets stages, --mosaic_rs_protocol protocol (MOSAIC_GPU.md Sec. 64),
+# --mosaic_rs_residual_from residual_from, which only the residual form reads; read at trace
+# time).
 RS_OPTIONS: dict = {}
 # Whether forward="fused_rs" runs its own kernel's residual form under differentiation and with
 # return_residual (MOSAIC_GPU.md Sec. 58): chunk_delta_fused_rs_fwd_mosaic(store_h=...,

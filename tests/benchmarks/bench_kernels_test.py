@@ -490,6 +490,38 @@ class MarkdownTest(absltest.TestCase):
         finally:
             mosaic_vjp.RS_OPTIONS.clear()
 
+    def test_mosaic_rs_protocol_refused_where_it_would_not_apply_and_reaches_options(self):
+        # MOSAIC_GPU.md Sec. 64: --mosaic_rs_protocol only with --mosaic_forward=fused_rs; the
+        # value lands in mosaic_vjp.RS_OPTIONS["protocol"] (read by the op's call).
+        from absl import app, flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        base = dict(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_rs",
+                    mosaic_rs_protocol="ag_ahead")
+        refused = (
+            (dict(peers=["ours", "jla"]), "applies to peer mosaic only"),
+            (dict(mosaic_forward="fused_t0"), "applies to --mosaic_forward=fused_rs only"),
+        )
+        for extra, message in refused:
+            with flagsaver.flagsaver(**{**base, **extra}):
+                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                    with self.assertRaisesRegex(app.UsageError, message):
+                        bench_kernels.main([])
+                self.assertFalse(run.called)
+        with self.assertRaises(flags.IllegalFlagValueError):
+            flags.FLAGS["mosaic_rs_protocol"].parse("early_s")
+        try:
+            with flagsaver.flagsaver(**base):
+                bench_kernels._check_mosaic_rs_protocol()
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {"protocol": "ag_ahead"})
+            with flagsaver.flagsaver(mosaic_rs_protocol=None):
+                bench_kernels._check_mosaic_rs_protocol()
+                self.assertEqual(mosaic_vjp.RS_OPTIONS, {})
+        finally:
+            mosaic_vjp.RS_OPTIONS.clear()
+
     def test_mosaic_rs_residuals_refused_where_it_would_not_apply_and_sets_the_switch(self):
         # MOSAIC_GPU.md Sec. 58: --mosaic_rs_residuals only with --mosaic_forward=fused_rs; the
         # value lands in mosaic_vjp.RS_RESIDUALS (read at trace time by the op).

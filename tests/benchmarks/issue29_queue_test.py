@@ -32,7 +32,7 @@ ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn
          "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab kda_dvw "
          "swiglu k2floor norm_ab dvn_hf tab_gdn tab_dn tab_lgt tab_kda tab_gdn2 tab_fla lgt_fused "
          "lgt_ftests dhw mix pskip lgt_rh lgt_st rs rs_prof mapsx rs_res rs_res_st "
-         "rs_pieces kda_local").split()
+         "rs_pieces kda_local rs_proto").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -44,6 +44,7 @@ for argv in json.loads(sys.stdin.read()):
     bk._check_mosaic_forward(); bk._check_mosaic_backward()
     bk._check_channelwise_state_pass(); bk._check_channelwise_grad_pass()
     bk._apply_mosaic_t0(); bk._check_mosaic_rs_stages(); bk._check_mosaic_rs_residuals()
+    bk._check_mosaic_rs_protocol()
 print("OK")
 """
 
@@ -308,7 +309,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_profile_fwd_flags_parse(self):
         argvs = self._calls("benchmarks/profile_fwd.py")
-        self.assertLen(argvs, 3)  # prof_split, then rs_prof's two (fused_rs, fused_t0)
+        self.assertLen(argvs, 4)  # prof_split, rs_prof's two (fused_rs, fused_t0), rs_proto
         parsed = []
         for argv in argvs:
             result = _python(_PROFILE_FWD, argv)
@@ -320,6 +321,11 @@ class Issue29QueueTest(absltest.TestCase):
                                                 "gdn_chunk_delta_fused_rs_fwd_s3_abl_readout",
                                                 "gdn_chunk_delta_fused_rs_fwd_s3"])
         self.assertEqual((parsed[2]["split"], parsed[2]["variants"]), ({}, ["full"]))
+        # rs_proto (Sec. 64): the ablations of protocol="ag_ahead", three stages
+        self.assertEqual(parsed[3]["split"], {"rs_stages": 3, "rs_protocol": "ag_ahead"})
+        self.assertEqual(parsed[3]["kernels"], ["gdn_chunk_delta_fused_rs_fwd_s3_ah_abl_state",
+                                                "gdn_chunk_delta_fused_rs_fwd_s3_ah_abl_readout",
+                                                "gdn_chunk_delta_fused_rs_fwd_s3_ah"])
         parsed = parsed[0]  # prof_split
         self.assertEqual(parsed["split"], dict(split_output=True, split_order="state_ag",
                                                split_stages=3))
@@ -350,8 +356,8 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
-        self.assertLen(argvs, 14)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw, pskip, lgt_rh,
-        # rs, mapsx, rs_res, rs_res_st, rs_pieces, kda_local
+        self.assertLen(argvs, 15)  # t0glue, vk, split2, norm_ab, lgt_ftests, dhw, pskip, lgt_rh,
+        # rs, mapsx, rs_res, rs_res_st, rs_pieces, kda_local, rs_proto
         selections = []
         for argv in argvs:
             keep, i = [], 0

@@ -85,6 +85,22 @@ class ProfileFwdTest(absltest.TestCase):
             with self.assertRaisesRegex(profile_fwd.VariantError, message):
                 profile_fwd.parse_rs(*args)
 
+    def test_rs_protocol_profiles_the_ag_ahead_kernel(self):
+        # --rs_protocol=ag_ahead (MOSAIC_GPU.md Sec. 64): its kernel names and records.
+        split = profile_fwd.parse_rs(3, "", ["state", "readout", "full"], "ag_ahead")
+        self.assertEqual(split, {"rs_stages": 3, "rs_protocol": "ag_ahead"})
+        self.assertEqual(profile_fwd.kernel_name("full", split),
+                         "gdn_chunk_delta_fused_rs_fwd_s3_ah")
+        self.assertEqual(profile_fwd.kernel_name("state", split),
+                         "gdn_chunk_delta_fused_rs_fwd_s3_ah_abl_state")
+        self.assertEqual(profile_fwd._split_fields(split)["rs_protocol"], "ag_ahead")
+        self.assertEqual(profile_fwd._split_fields({"rs_stages": 2})["rs_protocol"], "joint")
+        self.assertNotIn("rs_protocol", profile_fwd._split_fields({}))
+        for args, message in (((0, "", ["full"], "ag_ahead"), "applies to --rs_stages only"),
+                              ((2, "", ["full"], "early"), "not in")):
+            with self.assertRaisesRegex(profile_fwd.VariantError, message):
+                profile_fwd.parse_rs(*args)
+
     def test_waves_and_cycles_match_hand_computation(self):
         # S1: 8 x 16 x 2 = 256 CTAs on 132 SMs, one each: 2 waves; 0.421 ms over 2 x 64
         # chunks at 1.98 GHz is 6,512 cycles per chunk.

@@ -16,7 +16,9 @@ registers (``kernel_mosaic_gpu_rs``, MOSAIC_GPU.md Sec. 56).
   ``fused_t0`` kernel's errors.
 """
 
+import contextlib
 import functools
+import io
 from unittest import mock
 
 import jax
@@ -133,6 +135,23 @@ class RsTest(parameterized.TestCase):
             self.assertTrue(krs.rs_kernel_name(2, ablation) in text)  # PRIMAL_STAGES at K 128
         self.assertEqual(krs.rs_kernel_name(2, "readout"),
                          "gdn_chunk_delta_fused_rs_fwd_s2_abl_readout")
+
+    def test_ag_ahead_exports_with_its_name(self):
+        # protocol="ag_ahead" (MOSAIC_GPU.md Sec. 64), three stages (the item times it there),
+        # K = V = 128, GVA, documents, h0: one kernel, named _s3_ah; "joint" is the default.
+        q, k, v, g, beta, state, seg = t0_test._inputs(1, 200, 2, 1, 128, 128, 0.2, True,
+                                                       (70, 30))
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+        text = _export_text(
+            lambda *a: krs.chunk_delta_fused_rs_fwd_mosaic(
+                *a[:6], scale=0.1, initial_state=a[6], segment_ids=a[7], stages=3,
+                protocol="ag_ahead"), q, k, v, t0, g, beta, state, seg)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn("gdn_chunk_delta_fused_rs_fwd_s3_ah", text)
+        self.assertEqual(krs.RS_PROTOCOLS, ("joint", "ag_ahead"))
+        self.assertEqual(krs.rs_kernel_name(2, "state", protocol="ag_ahead"),
+                         "gdn_chunk_delta_fused_rs_fwd_s2_ah_abl_state")
+        self.assertEqual(krs.rs_kernel_name(2, protocol="joint"), krs.rs_kernel_name(2))
         with self.assertRaisesRegex(ValueError, "ablation must be one of"):
             krs.chunk_delta_fused_rs_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, ablation="io")
 
@@ -212,6 +231,9 @@ class RsTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "without residuals"):
             krs.chunk_delta_fused_rs_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1,
                                                 ablation="state", store_h=True)
+        with self.assertRaisesRegex(ValueError, "protocol must be one of"):
+            krs.chunk_delta_fused_rs_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1,
+                                                protocol="early_s")
         q2, k2, v2, g2, beta2, _, _ = t0_test._inputs(1, 100, 1, 1, 128, 128, 0.2, False, None)
         with self.assertRaisesRegex(ValueError, "268544 bytes of SMEM"):
             krs.chunk_delta_fused_rs_fwd_mosaic(q2, k2, v2, t0, g2, beta2, scale=0.1, stages=3,
@@ -334,6 +356,37 @@ class RsInterpretTest(parameterized.TestCase):
         _, _, two = _run_kernel(*case, stages=2)
         for a, b in zip(three, two, strict=True):  # the same arithmetic, another ring depth
             self.assertTrue(bool(jnp.all(a == b)))
+
+    @parameterized.named_parameters(
+        # the three-stage ring wraps, a 44-token last chunk, GVA, h0, documents inside chunks
+        ("gva_h0_packed_partial_T300_K64_V128_s3", 0, 3, {}),
+        # K 128 / V 64, strong decay, a document at 10, partial last chunk, two stages
+        ("strong_decay_h0_partial_T130_K128_V64_s2", 1, 2, {}),
+        # the residual form (h and v_new from the output warpgroup), fp16 DeltaNet, documents
+        ("fp16_deltanet_packed_T200_K64_V64_residuals", 2, None,
+         dict(store_h=True, store_v_new=True)),
+        # the state ablation: only the chain's final state is defined
+        ("gva_h0_packed_partial_T300_K64_V128_state", 0, 2, dict(ablation="state")),
+    )
+    def test_ag_ahead_is_bit_equal(self, index, stages, extra):
+        # protocol="ag_ahead" (MOSAIC_GPU.md Sec. 64) reorders the output warpgroup only: every
+        # output bit for bit against "joint" (the interpreter's race detector is on).
+        case, dtype = _INTERPRET_CASES[index][1:-1], _INTERPRET_CASES[index][-1]
+        q, k, v, g, beta, state, seg = t0_test._inputs(*case, dtype, seed=7)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+        run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, q, k, v, t0, g, beta,
+                                scale=case[4] ** -0.5, initial_state=state, segment_ids=seg,
+                                interpret=True, stages=stages, **extra)
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
+            joint, ahead = jax.block_until_ready((run(), run(protocol="ag_ahead")))
+        self.assertNotIn("RACE DETECTED", log.getvalue(), log.getvalue()[:600])
+        names = ("o", "final_state", "v_new", "h")
+        self.assertEqual(len(joint), len(ahead))
+        for name, a, b in zip(names, joint, ahead):  # (o, final) or with v_new, h
+            if name == "o" and extra.get("ablation") == "state":
+                continue  # not written
+            self.assertTrue(bool(jnp.all(a == b)), name)
 
     def test_close_to_split_vk(self):
         # The roundings of fused_t0_split with state_layout="vk" (exp2 instead of exp only).
@@ -466,6 +519,27 @@ class GpuTest(kmg_test.HopperTestCase):
             err = tolerances.rel_err(a, c)
             print(f"fused_rs vs fused_t0 {name}: relative RMS {err:.3e}")
             self.assertLess(err, _GATE[jnp.dtype(jnp.bfloat16)], name)
+
+    def test_ag_ahead_is_bit_equal(self):
+        # protocol="ag_ahead" (MOSAIC_GPU.md Sec. 64) against "joint", compiled, bit for bit:
+        # realistic rows (64 chunks, a partial last one, documents, h0, GVA) at K = V = 128 with
+        # two and three stages, K 64 / V 128, and the residual form (two stages).
+        def check(case, **kw):
+            (q, k, v, g, beta, state, seg), t0, _ = _run_kernel(*case, seed=5, interpret=False)
+            run = functools.partial(krs.chunk_delta_fused_rs_fwd_mosaic, q, k, v, t0, g, beta,
+                                    scale=case[4] ** -0.5, initial_state=state,
+                                    segment_ids=seg, **kw)
+            names = ("o", "final_state", "v_new", "h")
+            joint, ahead = run(), run(protocol="ag_ahead")
+            self.assertEqual(len(joint), len(ahead))
+            for name, a, b in zip(names, joint, ahead):  # (o, final) or with v_new, h
+                self.assertTrue(bool(jnp.all(a == b)), f"{name} {case[4:6]} {kw}")
+
+        case = (1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200))
+        for stages in (2, 3):
+            check(case, stages=stages)
+        check((2, 2000, 4, 2, 64, 128, 0.05, True, (700, 1, 64)))
+        check(case, store_h=True, store_v_new=True)
 
     def test_op_primal_matches_reference(self):
         q, k, v, g, beta, state, seg = t0_test._inputs(2, 4096, 4, 4, 128, 128, 0.05, True,

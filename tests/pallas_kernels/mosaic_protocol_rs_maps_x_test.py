@@ -110,11 +110,13 @@ class _Wg:
         return self.ev
 
 
-def _check(programs, arrivals, locations, where=""):
+def _check(programs, arrivals, locations, where="", order_only=False):
     """Checks ``programs`` (one event list per warpgroup) under every schedule (module
     docstring). ``arrivals``: per barrier, the arrivals that complete a phase; ``locations``:
     ``(buf, n) -> [(location, order)]``, the SMEM bytes each buffer's contents occupy
-    (aliases share a location) and their order among a location's writes."""
+    (aliases share a location) and their order among a location's writes. ``order_only``:
+    after the deadlock check, return the happens-before relation ``hb(a, b)`` of events
+    ``(warpgroup, index)`` instead of checking the rest."""
     nwg = len(programs)
     # 1. Phases, from each warpgroup's own count (schedule-free).
     phase, arr_of, counts = {}, {}, {}
@@ -157,6 +159,9 @@ def _check(programs, arrivals, locations, where=""):
 
     def hb(a, b):  # event a (w, i) happens before event b (or is b) under every schedule
         return clock[b][a[0]] >= a[1] + 1
+
+    if order_only:
+        return hb
 
     def show(e):
         return f"wg {e[0]} {programs[e[0]][e[1]][:3]}"
@@ -244,9 +249,10 @@ def rs_locations(depth):
 
 
 def rs_protocol(depth, num_chunks, store_h=False, store_v_new=False, residual_from="output",
-                ablation="full", has_h0=True):
+                ablation="full", has_h0=True, protocol="joint"):
     """The GPU path of ``kernel_mosaic_gpu_rs._rs_kernel``: ``[state, output, memory, copy
-    engine]``."""
+    engine]``. ``protocol``: ``kernel_mosaic_gpu_rs.RS_PROTOCOLS`` (the output warpgroup's
+    order only; MOSAIC_GPU.md Sec. 64)."""
     n_all = range(num_chunks)
     stores = store_h or store_v_new
     res_state = stores and residual_from == "state"  # rs.py:206
@@ -304,21 +310,25 @@ def rs_protocol(depth, num_chunks, store_h=False, store_v_new=False, residual_fr
     st.fence()
     st.tma_store("stage", num_chunks)
     st.wait_stores(0, read_only=False)
-    # output: rs.py:349-480
-    for n in n_all:
-        slot, half = n % depth, n % 2
+
+    # output: rs.py:349-480; protocol="ag_ahead" (Sec. 64): prepare(n + 1) before finish(n)
+    def prepare(n):  # W in_bar, Q K^T with form_ag under it (prepare / state_only_prepare)
+        slot = n % depth
         out.wait("in_bar", slot)  # rs.py:434 (state_only_step 376)
         out.start("ring", n, "a")  # q_s, k_s (Q K^T), vectors
         out.read("t0", n)  # form_ag: load_tile, rs.py:365
         out.write("ag", n)  # rs.py:369
         out.fence()  # rs.py:370
         out.arrive("ag_ready", slot)  # rs.py:371
-        if ablation == "state":  # state_only_step, rs.py:374-381
+
+    def finish(n):  # from W s_ready on (finish / state_only_finish)
+        slot, half = n % depth, n % 2
+        if ablation == "state":  # state_only_finish
             out.wait("s_ready", half)
             out.arrive("s_free", half)
             out.end("ring", n)
             out.arrive("in_free", slot)
-            continue
+            return
         out.wait("s_ready", half)  # rs.py:446
         if out_stores:
             out.wait_stores(1)  # rs.py:457-458
@@ -343,6 +353,17 @@ def rs_protocol(depth, num_chunks, store_h=False, store_v_new=False, residual_fr
         out.write("o", n)  # rs.py:474
         out.fence()  # rs.py:475
         out.tma_store("o", n)  # rs.py:476 (commits the chunk's group)
+
+    if protocol == "joint":
+        for n in n_all:
+            prepare(n)
+            finish(n)
+    else:  # "ag_ahead": prepare(0); then prepare(n + 1), finish(n); finish(N - 1)
+        prepare(0)
+        for n in range(num_chunks - 1):
+            prepare(n + 1)
+            finish(n)
+        finish(num_chunks - 1)
     out.wait_stores(0, read_only=False)  # rs.py:480
     return [st.done(), out.done(), mem.done(), dma.ev]
 
@@ -359,9 +380,13 @@ RS_FORMS = (
     dict(ablation="readout"),
     dict(has_h0=False),
 )
+_RS_PROTOCOLS = ("joint", "ag_ahead")  # kernel_mosaic_gpu_rs.RS_PROTOCOLS
+# every form under every protocol (ag_ahead takes all forms and ablations)
+RS_FORMS_ALL = tuple(dict(form, protocol=p) if p != "joint" else form
+                     for p in _RS_PROTOCOLS for form in RS_FORMS)
 
 
-def _check_rs(model=rs_protocol, forms=RS_FORMS, depths=_RS_STAGES, chunks=_CHUNKS):
+def _check_rs(model=rs_protocol, forms=RS_FORMS_ALL, depths=_RS_STAGES, chunks=_CHUNKS):
     for form, depth, num_chunks in itertools.product(forms, depths, chunks):
         _check(model(depth, num_chunks, **form), RS_ARRIVALS, rs_locations(depth),
                where=f"fused_rs {form}, {depth} stages, {num_chunks} chunks")
@@ -566,10 +591,54 @@ class ProtocolTest(parameterized.TestCase):
         # before written or unfenced, no TMA store in flight at exit.
         _check_rs()
 
+    @parameterized.parameters(2, 3)
+    def test_fused_rs_coupling_edge(self, depth):
+        # MOSAIC_GPU.md Sec. 64: the state warpgroup's W ag_ready[n] (before X^T Ag_<^T, on
+        # its chain) under "joint" waits for the output warpgroup's read-out of chunk n - 1
+        # (its A s_free[n - 1], after Q S_{n-1} and P v_new_{n-1}), which itself waits for
+        # the state's A s_ready[n - 1]: the cycle that serialises the two warpgroups. Under
+        # "ag_ahead" it waits only for the read-out of chunk n - 2.
+        num_chunks = 6
+
+        def nth(prog, event, k):  # index of the k-th event whose first fields are `event`
+            return [i for i, e in enumerate(prog) if e[:len(event)] == event][k]
+
+        for protocol, behind in (("joint", 1), ("ag_ahead", 2)):
+            programs = rs_protocol(depth, num_chunks, protocol=protocol)
+            hb = _check(programs, RS_ARRIVALS, rs_locations(depth), order_only=True)
+            state, out = programs[0], programs[1]
+            for n in range(2, num_chunks):
+                wait_ag = (0, nth(state, ("W", "ag_ready", n % depth), n // depth))
+                for m in (n - 1, n - 2):
+                    freed = (1, nth(out, ("A", "s_free", m % 2), m // 2))
+                    self.assertEqual(hb(freed, wait_ag), n - m >= behind,
+                                     msg=f"{protocol}: read-out {m} before W ag_ready[{n}]")
+                # W s_free[n - 2] (chunk n's first wait) is implied under "joint" by the
+                # state's own earlier W ag_ready[n - 1]: a third published buffer would relax
+                # nothing there; under "ag_ahead" it is a wait of its own.
+                prev_ag = (0, nth(state, ("W", "ag_ready", (n - 1) % depth), (n - 1) // depth))
+                freed = (1, nth(out, ("A", "s_free", n % 2), (n - 2) // 2))
+                self.assertEqual(hb(freed, prev_ag), protocol == "joint", msg=protocol)
+
     def test_maps_x_protocol_is_safe(self):
         # Blocks with both chains and with one (K != V), with and without piece_skip at every
         # cut, ring depth 2 (the kernel's) and 3, 1 to 7 chunks.
         _check_maps_x()
+
+    @parameterized.named_parameters(
+        # ag_ahead: the output warpgroup never releases a stage (it holds two at a time)
+        ("ah_no_release", 1, ("A", "in_free"), 1, "deadlock"),
+        # ag_ahead: the state warpgroup reads Ag_< of chunk n + 1 before it was formed
+        ("ah_no_ag_ready", 0, ("W", "ag_ready"), None, "unwritten"),
+        # ag_ahead: Ag_< published without commit_smem (the fence before ag_ready)
+        ("ah_no_ag_fence", 1, ("F",), 1, "unfenced"),
+        # ag_ahead: republishing S^T over a tile the read-out of chunk n - 2 still reads
+        ("ah_no_s_free", 0, ("W", "s_free"), 1, "still read|lapped"),
+    )
+    def test_fused_rs_ag_ahead_check_finds_seeded_bugs(self, wg, event, count, error):
+        with self.assertRaisesRegex(AssertionError, error):
+            _check_rs(_without(rs_protocol, wg, event, count),
+                      forms=(dict(protocol="ag_ahead"),), chunks=(3, 5))
 
     @parameterized.named_parameters(
         # the state warpgroup publishes over a tile the output warpgroup still reads
