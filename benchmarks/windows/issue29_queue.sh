@@ -133,8 +133,8 @@
 # name items to run others.
 # Order after 2026-12-07i (MOSAIC_GPU.md Sec. 63: rs, rs_res, rs_prof and dhw ran; fused_rs is the
 # default forward): rs_pieces (fused_rs's kernel on S2/P1's pieces: the S2/P1 fwd rows), dhw
-# (again: one of its gpu tests failed by 13 % of a tolerance and two did not run), mapsx; then
-# by name pskip, tab_gdn (the acceptance table on the new default), tab_kda, tab_dn, lgt_rh,
+# (again: one of its gpu tests failed by 13 % of a tolerance and two did not run), rs_proto
+# (Sec. 64: the S1 fwd row's coupling edge); then by name mapsx, kda_local, pskip, tab_gdn (the acceptance table on the new default), tab_kda, tab_dn, lgt_rh,
 # lgt_st, tab_lgt, tab_gdn2, tab_fla, tp350; rs_res_st only if the residual form matters again.
 # Order before (after 2026-12-07h, MOSAIC_GPU.md Sec. 56-58): rs (GDN's forward with S^T in registers,
 # jla's schedule: S1 fwd, the largest gap left), dhw (W from T0 in the reverse pass: the 12-07g
@@ -151,7 +151,7 @@
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-rs_pieces dhw mapsx}
+ITEMS=${*:-rs_pieces dhw rs_proto}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then

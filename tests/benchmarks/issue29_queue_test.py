@@ -250,9 +250,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # the order after 2026-12-07i (MOSAIC_GPU.md Sec. 63): fused_rs on S2/P1's pieces, W
-        # from T0's gpu tests again, the maps with X_p (S2/P1)
-        self.assertEqual(default, ["rs_pieces", "dhw", "mapsx"])
+        # the order after 2026-12-07i (MOSAIC_GPU.md Sec. 63, 64): fused_rs on S2/P1's pieces,
+        # W from T0's gpu tests again, fused_rs's ag_ahead protocol (S1 fwd)
+        self.assertEqual(default, ["rs_pieces", "dhw", "rs_proto"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
