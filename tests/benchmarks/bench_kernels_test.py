@@ -154,13 +154,14 @@ class MarkdownTest(absltest.TestCase):
             self.assertEqual(bench_kernels._mosaic_passes("deltanet"), ("fwd",))
             self.assertEqual(bench_kernels._mosaic_passes("lightning"), ("fwd", "fwdbwd"))
 
-    def _assert_refused_before_running(self, refused):
-        """Each ``(flags, message)`` of ``refused`` (on top of ``--peers=mosaic --ops=gdn``)
-        makes ``main`` raise a ``UsageError`` matching ``message`` before any op runs."""
+    def _assert_refused_before_running(self, refused, **base):
+        """Each ``(flags, message)`` of ``refused`` (on top of ``--peers=mosaic --ops=gdn``
+        and the flags ``base``) makes ``main`` raise a ``UsageError`` matching ``message``
+        before any op runs."""
         from absl import app
         from absl.testing import flagsaver
         for extra, message in refused:
-            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], **extra):
+            with flagsaver.flagsaver(**{"peers": ["mosaic"], "ops": ["gdn"], **base, **extra}):
                 with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
                     with self.assertRaisesRegex(app.UsageError, message):
                         bench_kernels.main([])
@@ -379,7 +380,7 @@ class MarkdownTest(absltest.TestCase):
                 bench_kernels._check_mosaic_forward()
 
     def test_mosaic_gla_residual_h_refused_where_it_would_not_apply(self):
-        from absl import app, flags
+        from absl import flags
         from absl.testing import flagsaver
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
@@ -391,12 +392,7 @@ class MarkdownTest(absltest.TestCase):
             (dict(mosaic_forward="two_pass"), "not --mosaic_forward=two_pass"),
         )
         for value in (True, False):
-            for extra, message in refused:
-                with flagsaver.flagsaver(**{**base, **extra}, mosaic_gla_residual_h=value):
-                    with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
-                        with self.assertRaisesRegex(app.UsageError, message):
-                            bench_kernels.main([])
-                    self.assertFalse(run.called)
+            self._assert_refused_before_running(refused, **base, mosaic_gla_residual_h=value)
         for forward in (None, "fused", "auto"):
             with flagsaver.flagsaver(**base, mosaic_forward=forward, mosaic_gla_residual_h=True):
                 bench_kernels._check_mosaic_gla_residual_h()
@@ -421,7 +417,7 @@ class MarkdownTest(absltest.TestCase):
         self.assertIn("(`--mosaic_gla_residual_h`)", "\n".join(bench_kernels.mosaic_lines(recs)))
 
     def test_mosaic_gla_stages_refused_where_it_would_not_apply_and_reaches_the_kernel(self):
-        from absl import app, flags
+        from absl import flags
         from absl.testing import flagsaver
         from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
         if not flags.FLAGS.is_parsed():
@@ -433,12 +429,7 @@ class MarkdownTest(absltest.TestCase):
             (dict(mosaic_forward="two_pass"), "not --mosaic_forward=two_pass"),
             (dict(mosaic_gla_stages=1), "at least 2 stages"),
         )
-        for extra, message in refused:
-            with flagsaver.flagsaver(**{**base, **extra}):
-                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
-                    with self.assertRaisesRegex(app.UsageError, message):
-                        bench_kernels.main([])
-                self.assertFalse(run.called)
+        self._assert_refused_before_running(refused, **base)
         self.assertNotIn("stages", kmg.FUSED_OPTIONS)
         x = np.zeros((1, 64, 1, 64), np.float32)
         try:
@@ -458,7 +449,7 @@ class MarkdownTest(absltest.TestCase):
     def test_mosaic_rs_stages_refused_where_it_would_not_apply_and_reaches_options(self):
         # MOSAIC_GPU.md Sec. 56: --mosaic_forward=fused_rs is accepted, --mosaic_rs_stages
         # only with it; the value lands in mosaic_vjp.RS_OPTIONS (read by the op's call).
-        from absl import app, flags
+        from absl import flags
         from absl.testing import flagsaver
         from pallas_kernels.gated_delta_rule import mosaic_vjp
         if not flags.FLAGS.is_parsed():
@@ -474,12 +465,7 @@ class MarkdownTest(absltest.TestCase):
             (dict(mosaic_forward="fused_t0"), "applies to --mosaic_forward=fused_rs only"),
             (dict(mosaic_rs_stages=4), "takes one of 2, 3"),
         )
-        for extra, message in refused:
-            with flagsaver.flagsaver(**{**base, **extra}):
-                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
-                    with self.assertRaisesRegex(app.UsageError, message):
-                        bench_kernels.main([])
-                self.assertFalse(run.called)
+        self._assert_refused_before_running(refused, **base)
         try:
             with flagsaver.flagsaver(**base):
                 bench_kernels._check_mosaic_rs_stages()
@@ -493,7 +479,7 @@ class MarkdownTest(absltest.TestCase):
     def test_mosaic_rs_protocol_refused_where_it_would_not_apply_and_reaches_options(self):
         # MOSAIC_GPU.md Sec. 64: --mosaic_rs_protocol only with --mosaic_forward=fused_rs; the
         # value lands in mosaic_vjp.RS_OPTIONS["protocol"] (read by the op's call).
-        from absl import app, flags
+        from absl import flags
         from absl.testing import flagsaver
         from pallas_kernels.gated_delta_rule import mosaic_vjp
         if not flags.FLAGS.is_parsed():
@@ -504,12 +490,7 @@ class MarkdownTest(absltest.TestCase):
             (dict(peers=["ours", "jla"]), "applies to peer mosaic only"),
             (dict(mosaic_forward="fused_t0"), "applies to --mosaic_forward=fused_rs only"),
         )
-        for extra, message in refused:
-            with flagsaver.flagsaver(**{**base, **extra}):
-                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
-                    with self.assertRaisesRegex(app.UsageError, message):
-                        bench_kernels.main([])
-                self.assertFalse(run.called)
+        self._assert_refused_before_running(refused, **base)
         with self.assertRaises(flags.IllegalFlagValueError):
             flags.FLAGS["mosaic_rs_protocol"].parse("early_s")
         try:
@@ -536,12 +517,7 @@ class MarkdownTest(absltest.TestCase):
             (dict(peers=["ours", "jla"]), "applies to peer mosaic only"),
             (dict(mosaic_forward="fused_t0"), "applies to --mosaic_forward=fused_rs only"),
         )
-        for extra, message in refused:
-            with flagsaver.flagsaver(**{**base, **extra}):
-                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
-                    with self.assertRaisesRegex(app.UsageError, message):
-                        bench_kernels.main([])
-                self.assertFalse(run.called)
+        self._assert_refused_before_running(refused, **base)
         try:
             with flagsaver.flagsaver(**base):
                 bench_kernels._check_mosaic_rs_residuals()
