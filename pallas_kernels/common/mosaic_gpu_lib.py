@@ -339,6 +339,23 @@ def given_pieces(pieces, num_chunks: int) -> int:
     return num_pieces(pieces, 1, num_chunks)
 
 
+def check_piece_rows(pieces, batch: int, seq_len: int) -> None:
+    """Checks ``pieces`` of a kernel that takes each row's ``P`` sequence pieces as ``P`` rows
+    of its batch (``[B * P, T / P, ...]``, :func:`split_rows`): ``batch`` the rows it was
+    given, ``seq_len`` the tokens per piece.
+
+    Raises:
+        ValueError: naming ``pieces`` when it is not a positive ``int`` dividing ``batch``, or
+            when ``pieces > 1`` and ``seq_len`` is not a whole number of chunks.
+    """
+    if not isinstance(pieces, int) or pieces < 1 or batch % pieces:
+        raise ValueError(f"pieces={pieces!r} must be a positive divisor of the batch rows "
+                         f"{batch} (the sequence pieces of each row, as rows)")
+    if pieces > 1 and seq_len % CHUNK:
+        raise ValueError(f"pieces={pieces}: each piece must be a whole number of chunks of "
+                         f"{CHUNK} tokens, got T = {seq_len} per piece")
+
+
 def checked_piece_cuts(conn: jax.Array, pieces: int,
                        cuts: Optional[jax.Array]) -> jax.Array:
     """The per-piece chunk of the last document start, int32 ``[B * P]``: ``cuts`` as a caller

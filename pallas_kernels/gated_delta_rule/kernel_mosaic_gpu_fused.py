@@ -1826,12 +1826,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
                              f"split kernel: stages 'full', 'no_store' or 'nobar', got "
                              f"{stages=}")
 
-    if not isinstance(pieces, int) or pieces < 1 or batch % pieces:
-        raise ValueError(f"pieces={pieces!r} must be a positive divisor of the batch rows "
-                         f"{batch} (the sequence pieces of each row, as rows)")
-    if pieces > 1 and seq_len % CHUNK:
-        raise ValueError(f"pieces={pieces}: each piece must be a whole number of chunks of "
-                         f"{CHUNK} tokens, got T = {seq_len} per piece")
+    mgl.check_piece_rows(pieces, batch, seq_len)
     if pieces > 1 and split_output:
         raise ValueError(f"pieces={pieces} is built for the two-warpgroup kernel only: it needs "
                          f"split_output=False")

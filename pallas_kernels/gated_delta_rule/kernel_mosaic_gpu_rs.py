@@ -678,12 +678,7 @@ def chunk_delta_fused_rs_fwd_mosaic(
         raise ValueError("residual_from='state' stores through a transposed swizzled SMEM view, "
                          f"which jax {jax.__version__} cannot lower (needs >= 0.11; "
                          "MOSAIC_GPU.md Sec. 56.1)")
-    if not isinstance(pieces, int) or pieces < 1 or batch % pieces:
-        raise ValueError(f"pieces={pieces!r} must be a positive divisor of the batch rows "
-                         f"{batch} (the sequence pieces of each row, as rows)")
-    if pieces > 1 and seq_len % CHUNK:
-        raise ValueError(f"pieces={pieces}: each piece must be a whole number of chunks of "
-                         f"{CHUNK} tokens, got T = {seq_len} per piece")
+    mgl.check_piece_rows(pieces, batch, seq_len)
     if protocol not in RS_PROTOCOLS:
         raise ValueError(f"protocol must be one of {RS_PROTOCOLS}, got {protocol!r}")
     if pieces > 1 and ablation != "full":
