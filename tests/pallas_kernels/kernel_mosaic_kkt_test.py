@@ -49,6 +49,7 @@ import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
+from pallas_kernels.common import mosaic_gpu_inverse as mgi
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from tests.pallas_kernels import kernel_mosaic_gdn_t0_test as t0_test
 
@@ -124,6 +125,27 @@ def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16, inverse="doub
     test.assertEqual("gdn_chunk_kkt_inverse_subst_split" in text, refine == "split_merge")
     test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
                      [((1, seq_len, 2, C), k.dtype)])
+
+
+class DiagSolveTest(absltest.TestCase):
+    """The shared inverse helpers (:mod:`pallas_kernels.common.mosaic_gpu_inverse`), which the
+    T0 kernel and KDA's chunk-local kernel both use."""
+
+    def test_interpreted_diag_solve_inverts_each_diagonal_block(self):
+        rng = np.random.default_rng(3)
+        a = np.tril(0.3 * rng.normal(size=(64, 64)), -1).astype(np.float32)  # strictly lower
+        cols = mgi.kkt_diag_solve(jnp.asarray(a), None, interpret=True)
+        x = np.concatenate([np.asarray(c) for c in cols], axis=1)
+        for c in range(4):  # fp32 substitution against the float64 inverse of I + A's block
+            blk = slice(16 * c, 16 * (c + 1))
+            want = np.linalg.inv(np.eye(16) + a[blk, blk].astype(np.float64))
+            err = np.abs(x[blk, blk] - want).max() / np.abs(want).max()
+            self.assertLess(err, 1e-5, msg=f"block {c}")
+        off = np.kron(np.eye(4), np.ones((16, 16))) == 0
+        self.assertEqual(float(np.abs(x[off]).max()), 0.0)  # zero outside the blocks
+        # the GDN module's names are these helpers, not copies
+        self.assertIs(kgd.kkt_diag_solve, mgi.kkt_diag_solve)
+        self.assertIs(kgd.kkt_block_merge, mgi.kkt_block_merge)
 
 
 class KktLoweringTest(parameterized.TestCase):
