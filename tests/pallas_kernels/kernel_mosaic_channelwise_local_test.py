@@ -33,7 +33,6 @@ Run the slow ones with ``PJRT_NPROC=8 python -m pytest -q -m slow`` on this file
 
 from unittest import mock
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -41,7 +40,6 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels.common import channelwise_gpu, pallas_gpu
 from pallas_kernels.common import channelwise_local_mosaic_gpu as clm
-from pallas_kernels.kda import kernel_gpu as kda_kernel
 from tests import tolerances
 from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
 from tests.pallas_kernels import kernel_mosaic_channelwise_test as cwm_test
@@ -212,22 +210,7 @@ class LoweringTest(parameterized.TestCase):
     def test_kda_fwd_bwd_exports_with_chunk_local_mosaic(self):
         # The whole op lowered for CUDA with the switch on (on a mocked Hopper): the new kernel
         # replaces gamma, intra, prepare and wu; the state passes and K2 as by default.
-        inputs, _ = cw_test._inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
-        seg = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
-        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-
-        def fwdbwd(*args):
-            def f(*args):
-                return kda_kernel.kda_pallas(*args, scale=0.125, segment_ids=seg)[0]
-            o, vjp = jax.vjp(f, *args)
-            return vjp(o) + (o,)
-
-        with cw_test._tuning({"chunk_local": "mosaic"}), cwm_test.hopper(), \
-                pallas_gpu.abstract_gpu_target():
-            text = jax.export.export(
-                jax.jit(fwdbwd), platforms=["cuda"],
-                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
-                    "__gpu$xla.gpu.triton")])(*args).mlir_module()
+        text = cwm_test.kda_fwd_bwd_cuda_text({"chunk_local": "mosaic"})
         self.assertIn(clm.KERNEL_NAME, text)
         for name in ("gamma", "intra", "prepare", "wu"):
             self.assertNotIn(f'name = "channelwise_{name}"', text)

@@ -40,9 +40,8 @@ import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
-from pallas_kernels.common import channelwise_gpu, pallas_gpu
+from pallas_kernels.common import channelwise_gpu
 from pallas_kernels.common import channelwise_mosaic_gpu as cwm
-from pallas_kernels.kda import kernel_gpu as kda_kernel
 from tests import tolerances
 from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
 from tests.pallas_kernels import kernel_mosaic_channelwise_test as cwt
@@ -119,22 +118,8 @@ class PiecesLoweringTest(parameterized.TestCase):
     def test_kda_fwd_bwd_hands_the_forward_maps_to_the_backward(self):
         # B 1, H 2, V 64 (two CTAs), 8 chunks: the automatic choice is P = 2. Forward three
         # launches, backward two: one maps launch in all.
-        inputs, _ = cw_test._inputs(0, 1, 512, 2, 2, 64, dtype=jnp.bfloat16)
-        seg = jnp.asarray(np.repeat(np.arange(2), [200, 312])[None], jnp.int32)
-        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-
-        def fwdbwd(*args):
-            def f(*args):
-                return kda_kernel.kda_pallas(*args, scale=0.125, segment_ids=seg)[0]
-            o, vjp = jax.vjp(f, *args)
-            return vjp(o) + (o,)
-
-        with cw_test._tuning({"state_pass": "mosaic", "grad_pass": "triton"}), cwt.hopper(), \
-                pallas_gpu.abstract_gpu_target():
-            text = jax.export.export(
-                jax.jit(fwdbwd), platforms=["cuda"],
-                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
-                    "__gpu$xla.gpu.triton")])(*args).mlir_module()
+        text = cwt.kda_fwd_bwd_cuda_text({"state_pass": "mosaic", "grad_pass": "triton"},
+                                         seq_len=512, lengths=(200, 312))
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 5)
         self.assertEqual(_launches(text), collections.Counter(
             [cwm.KERNEL_NAME + "_maps", cwm.KERNEL_NAME + "_pieces", cwm.KERNEL_NAME,

@@ -327,6 +327,27 @@ def hopper():
     return mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0))
 
 
+def kda_fwd_bwd_cuda_text(tuning, seq_len=128, lengths=(50, 78)):
+    """The MLIR text of KDA's forward and backward (``jax.vjp`` of ``kda_pallas``, B 1, H 2,
+    K = V = 64, bf16, documents of ``lengths`` tokens) exported for CUDA on a mocked Hopper
+    GPU with the channelwise ``TUNING`` overrides ``tuning``."""
+    inputs, _ = cw_test._inputs(0, 1, seq_len, 2, 2, 64, dtype=jnp.bfloat16)
+    seg = jnp.asarray(np.repeat(np.arange(len(lengths)), lengths)[None], jnp.int32)
+    args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+
+    def fwdbwd(*args):
+        def f(*args):
+            return kda_kernel.kda_pallas(*args, scale=0.125, segment_ids=seg)[0]
+        o, vjp = jax.vjp(f, *args)
+        return vjp(o) + (o,)
+
+    with cw_test._tuning(tuning), hopper(), pallas_gpu.abstract_gpu_target():
+        return jax.export.export(
+            jax.jit(fwdbwd), platforms=["cuda"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+                "__gpu$xla.gpu.triton")])(*args).mlir_module()
+
+
 def _op_outputs_and_grads(op, inputs, segment_ids, cot_key, state_pass, impl):
     # The grad pass pinned to Triton, so that only state_pass differs between calls whatever
     # TUNING's defaults are.
@@ -433,23 +454,7 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual((plain, aliased), (230_496, 197_728))
 
     def test_kda_fwd_bwd_exports_with_mosaic_state_pass(self):
-        inputs, _ = cw_test._inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
-        seg = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
-        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-
-        def fwdbwd(*args):
-            def f(*args):
-                return kda_kernel.kda_pallas(*args, scale=0.125, segment_ids=seg)[0]
-            o, vjp = jax.vjp(f, *args)
-            return vjp(o) + (o,)
-
-        with cw_test._tuning({"state_pass": "mosaic", "grad_pass": "triton"}), hopper(), \
-                pallas_gpu.abstract_gpu_target():
-            exported = jax.export.export(
-                jax.jit(fwdbwd), platforms=["cuda"],
-                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
-                    "__gpu$xla.gpu.triton")])(*args)
-            text = exported.mlir_module()
+        text = kda_fwd_bwd_cuda_text({"state_pass": "mosaic", "grad_pass": "triton"})
         # Both state passes on Mosaic GPU; every other channelwise kernel once on Triton.
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 2)
         self.assertIn(cwm.KERNEL_NAME, text)
